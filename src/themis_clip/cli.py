@@ -1,0 +1,328 @@
+"""``themis-clip``: a thin command line over the library (parse, call, print).
+
+Exit codes: 0 success; 1 some inputs failed (results for the rest are still written);
+2 usage, configuration or model errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from themis_clip._version import __version__
+from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.errors import ThemisClipError
+from themis_clip.interface import BackendType, EmbeddingResult
+from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.resources import demo_model_path
+
+__all__ = ["main"]
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+
+
+class CLIError(Exception):
+    """A usage or set-up problem: message to stderr, exit code 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (``themis-clip`` calls ``sys.exit`` on it)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+        return code
+    except (CLIError, ThemisClipError) as exc:
+        print(f"themis-clip: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("themis-clip: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="themis-clip", description="CLIP embeddings on ONNX Runtime"
+    )
+    parser.add_argument("--version", action="version", version=f"themis-clip {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--model", help="model directory or image-tower .onnx (default: the shipped demo model)"
+        )
+        p.add_argument("--config", help="JSON config file (the seed's format)")
+        p.add_argument(
+            "--backend", choices=[b.value for b in BackendType], help="execution backend"
+        )
+        p.add_argument("--batch-size", type=int, help="max_batch_size")
+
+    p = sub.add_parser("embed", help="embed image files (or texts with --text)")
+    p.add_argument("files", nargs="*", help="image files or folders (searched recursively)")
+    p.add_argument("--text", action="append", default=[], help="a text to embed (repeatable)")
+    p.add_argument(
+        "-o", "--output", help="write .npy (matrix) or .jsonl; default: JSON lines on stdout"
+    )
+    model_args(p)
+    p.set_defaults(func=_cmd_embed)
+
+    p = sub.add_parser("info", help="describe the plugin and the model")
+    model_args(p)
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("health", help="load the model and run the health check")
+    model_args(p)
+    p.set_defaults(func=_cmd_health)
+
+    p = sub.add_parser(
+        "demo", help="the main job on the embedded defaults: embed a generated gallery"
+    )
+    p.add_argument(
+        "--gallery", default=".cache/demo-gallery", help="where to write the generated images"
+    )
+    p.add_argument("--count", type=int, default=24, help="number of gallery images")
+    model_args(p)
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _cmd_embed(args: argparse.Namespace) -> int:
+    if not args.files and not args.text:
+        raise CLIError("nothing to embed: give image files/folders or --text")
+    files = list(_expand(args.files))
+    if args.files and not files:
+        raise CLIError("no image files found in the given paths")
+    plugin = _start(args)
+    try:
+        names: list[str] = []
+        results: list[EmbeddingResult] = []
+        if files:
+            names += [str(f) for f in files]
+            results += _embed_files(plugin, files)
+        if args.text:
+            names += args.text
+            results += plugin.generate_text_embedding_batch(args.text)
+        _write(names, results, args.output, is_text=[False] * len(files) + [True] * len(args.text))
+    finally:
+        plugin.shutdown()
+    failed = [(n, r) for n, r in zip(names, results, strict=True) if not r.ok]
+    for name, r in failed:
+        print(f"themis-clip: {name}: {r.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    plugin = _start(args)
+    try:
+        info = plugin.get_info()
+        stats = plugin.get_statistics()
+        out = {
+            "plugin": {
+                "name": info.name,
+                "version": info.version,
+                "description": info.description,
+                "capabilities": list(info.capabilities),
+            },
+            "model": {
+                k: stats[k]
+                for k in (
+                    "model_variant",
+                    "model_id",
+                    "model_sha256",
+                    "precision_variant",
+                    "embedding_dim",
+                    "image_size",
+                    "text_tower",
+                )
+            },
+            "backend": stats["backend"],
+            "providers": stats["providers"],
+            "loading_mode": stats["loading_mode"],
+        }
+        print(json.dumps(out, indent=2))
+    finally:
+        plugin.shutdown()
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    plugin = _start(args)
+    try:
+        ok = plugin.health_check()
+        stats = plugin.get_statistics()
+        print(
+            json.dumps({"healthy": ok, "model_id": stats["model_id"], "backend": stats["backend"]})
+        )
+    finally:
+        plugin.shutdown()
+    return 0 if ok else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from themis_clip.demo.scenes import write_gallery
+
+    gallery = write_gallery(Path(args.gallery), args.count)
+    plugin = _start(args)
+    try:
+        stats = plugin.get_statistics()
+        print(
+            f"model {stats['model_id']} on {stats['backend']} "
+            f"({stats['embedding_dim']}-d embeddings)"
+        )
+        if stats["model_variant"] == "themis-placeholder-tiny":
+            print(
+                "note: the shipped model is a random-weight placeholder of CLIP's shape; its "
+                "scores are not meaningful. Use --model with an exported CLIP model for real "
+                "results."
+            )
+        files = [p for p, _ in gallery]
+        results = _embed_files(plugin, files)
+        ok = [(p, r) for p, r in zip(files, results, strict=True) if r.ok]
+        print(f"embedded {len(ok)}/{len(files)} images from {args.gallery}")
+        if not ok:
+            return 1
+        matrix = np.stack([r.embedding for _, r in ok if r.embedding is not None])
+        queries = [s.caption for _, s in gallery[:3]]
+        for query, t in zip(queries, plugin.generate_text_embedding_batch(queries), strict=True):
+            if not t.ok or t.embedding is None:
+                print(f"query {query!r}: {t.error}")
+                continue
+            scores = matrix @ t.embedding
+            print(f"\nquery: {query!r}")
+            for rank, i in enumerate(np.argsort(-scores)[:3], 1):
+                print(f"  {rank}. {scores[i]:+.3f}  {ok[i][0].name}")
+        s = plugin.get_statistics()
+        print(
+            f"\n{s['images']} images, {s['texts']} texts, p50 {s['p50_latency_ms']:.1f} ms per call"
+        )
+    finally:
+        plugin.shutdown()
+    return 0
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> PluginConfig:
+    if args.config:
+        config = PluginConfig.from_file(args.config)
+        if args.model:
+            config = replace(config, model=replace(config.model, path=args.model))
+    else:
+        config = PluginConfig(model=ModelConfig(path=args.model or str(demo_model_path())))
+    if args.batch_size is not None:
+        if args.batch_size < 1:
+            raise CLIError("--batch-size must be >= 1")
+        config = replace(config, max_batch_size=args.batch_size)
+    if args.backend:
+        config = replace(config, backend=BackendType(args.backend))
+    return config
+
+
+def _start(args: argparse.Namespace) -> OnnxClipPlugin:
+    config = _config(args)
+    plugin = OnnxClipPlugin()
+    if not plugin.initialize(config):
+        raise CLIError(f"cannot initialise the model: {plugin.last_error}")
+    return plugin
+
+
+def _expand(paths: Sequence[str]) -> Iterator[Path]:
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            yield from sorted(
+                p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+            )
+        else:
+            yield path  # a missing or bad file becomes a per-item error, not an abort
+
+
+def _embed_files(plugin: OnnxClipPlugin, files: Sequence[Path]) -> list[EmbeddingResult]:
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    config = plugin.config
+    step = 4 * (config.max_batch_size if config else 32)
+    results: list[EmbeddingResult] = []
+    with tqdm(
+        total=len(files), unit="img", disable=len(files) <= step or None, file=sys.stderr
+    ) as bar:
+        for start in range(0, len(files), step):
+            chunk = files[start : start + step]
+            results += plugin.generate_embedding_batch(chunk)
+            bar.update(len(chunk))
+    return results
+
+
+def _write(
+    names: list[str], results: list[EmbeddingResult], output: str | None, *, is_text: list[bool]
+) -> None:
+    if output and output.endswith(".npy"):
+        dims = {r.embedding.shape[0] for r in results if r.embedding is not None}
+        dim = dims.pop() if dims else 0
+        matrix = np.full((len(results), dim), np.nan, dtype=np.float32)
+        for i, r in enumerate(results):
+            if r.embedding is not None:
+                matrix[i] = r.embedding
+        np.save(output, matrix)
+        Path(output).with_suffix(".json").write_text(
+            json.dumps(
+                [
+                    {"input": n, "ok": r.ok, "error": r.error}
+                    for n, r in zip(names, results, strict=True)
+                ],
+                indent=1,
+            )
+        )
+        print(
+            f"wrote {matrix.shape[0]}x{dim} embeddings to {output} (failed rows are NaN)",
+            file=sys.stderr,
+        )
+        return
+    stream: TextIO
+    with open(output, "w", encoding="utf-8") if output else _nullcontext(sys.stdout) as stream:
+        for name, r, text in zip(names, results, is_text, strict=True):
+            row: dict[str, Any] = {"text" if text else "path": name, "ok": r.ok}
+            if r.ok and r.embedding is not None:
+                row["embedding"] = [round(float(v), 7) for v in r.embedding]
+                row["model_id"] = r.model_id
+                if text:
+                    row["truncated"] = r.truncated
+            else:
+                row["error"] = r.error
+            stream.write(json.dumps(row) + "\n")
+
+
+class _nullcontext:  # noqa: N801 - mirrors contextlib.nullcontext, typed for TextIO
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> TextIO:
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,340 @@
+"""``PluginConfig``: the seed's JSON configuration, parsed once into frozen dataclasses.
+
+The seed's keys are accepted exactly::
+
+    {
+      "model": {"name": "clip-vit-large-patch14", "embedding_dim": 768,
+                "path": "/models/clip-vit-l-14.onnx", "expected_sha256": "abc123...",
+                "enable_mmap_loading": false},
+      "backend": "cuda",
+      "max_batch_size": 64
+    }
+
+plus the keys documented on each dataclass below. Unknown keys are rejected (a typo must not
+silently fall back to a default), and every error names the dotted key.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from themis_clip.errors import ConfigError
+from themis_clip.interface import BackendType
+
+__all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "ModelConfig",
+    "PluginConfig",
+    "PreprocessConfig",
+    "ResizeMode",
+    "TensorRTConfig",
+]
+
+CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+
+#: Pillow's own default decompression-bomb limit (~179 megapixels).
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+
+
+class ResizeMode(enum.StrEnum):
+    """How an image is brought to the model's square input (open_clip's ``resize_mode``)."""
+
+    SHORTEST = "shortest"  # OpenAI CLIP: shortest side to S, centre crop S×S
+    SQUASH = "squash"  # both sides to S, aspect ratio not kept (SigLIP)
+    LONGEST = "longest"  # longest side to S, pad to S×S with the fill colour
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessConfig:
+    """Overrides of the model's preprocessing; None keeps what the model directory declares.
+
+    Keys (JSON ``"preprocess": {...}``): ``image_size``, ``mean``, ``std``, ``resize_mode``,
+    ``apply_exif`` (default true), ``max_image_pixels`` (default Pillow's 178,956,970).
+    """
+
+    image_size: int | None = None
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+    resize_mode: ResizeMode | None = None
+    apply_exif: bool = True
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorRTConfig:
+    """TensorRT options (JSON ``"tensorrt": {...}``): engine cache directory and fp16."""
+
+    cache_dir: str | None = None
+    fp16: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which model to load (JSON ``"model": {...}``).
+
+    Attributes:
+        path: an image-tower ``.onnx`` file, or a model directory (``manifest.json`` layout).
+        name: model name reported in statistics; defaults to the manifest's or the file stem.
+        embedding_dim: declared output dimension; a model that differs fails initialisation.
+        expected_sha256: for a file, its hex digest; for a directory, the digest of
+            ``manifest.json`` (whose per-file digests are then all verified), or a mapping of
+            relative file name to digest.
+        enable_mmap_loading: serve weights from a memory map (see ``runtime``).
+        text_path / tokenizer_path: a text tower and its ``tokenizer.json`` when ``path`` is a
+            single file.
+        variant: which precision variant of a directory to load (``"fp16"``, ``"int8"``).
+    """
+
+    path: str
+    name: str | None = None
+    embedding_dim: int | None = None
+    expected_sha256: str | Mapping[str, str] | None = None
+    enable_mmap_loading: bool = False
+    text_path: str | None = None
+    tokenizer_path: str | None = None
+    variant: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginConfig:
+    """Everything ``OnnxClipPlugin.initialize`` needs.
+
+    Attributes:
+        model: the model to load.
+        backend: requested backend; the ``backend`` argument of ``initialize`` wins unless AUTO.
+        max_batch_size: largest batch handed to a session in one call.
+        intra_op_threads: ONNX Runtime intra-op threads (None: ORT's default, one per core).
+        preprocess_workers: threads decoding images for a batch (None: min(4, cores)).
+        preprocess: preprocessing overrides.
+        tensorrt: TensorRT options.
+        device_id: GPU ordinal for CUDA/TensorRT/DirectML/ROCm.
+        drain_timeout_s: how long a hot swap waits for in-flight requests on the old model.
+        allow_embedding_space_change: let ``reload_model`` change model identity or dimension.
+    """
+
+    model: ModelConfig
+    backend: BackendType = BackendType.AUTO
+    max_batch_size: int = 32
+    intra_op_threads: int | None = None
+    preprocess_workers: int | None = None
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+    device_id: int = 0
+    drain_timeout_s: float = 30.0
+    allow_embedding_space_change: bool = False
+
+    def __post_init__(self) -> None:
+        _check_positive(self.max_batch_size, "max_batch_size")
+        if self.intra_op_threads is not None:
+            _check_positive(self.intra_op_threads, "intra_op_threads")
+        if self.preprocess_workers is not None:
+            _check_positive(self.preprocess_workers, "preprocess_workers")
+        if self.device_id < 0:
+            raise ConfigError("must be >= 0", key="device_id")
+        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
+            raise ConfigError("must be a finite number >= 0", key="drain_timeout_s")
+
+    # -- parsing -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_json(
+        cls, text: str | bytes, *, base_dir: str | os.PathLike[str] | None = None
+    ) -> PluginConfig:
+        """Parse the seed's JSON text. Relative model paths resolve against ``base_dir``."""
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"not valid JSON: {exc}") from exc
+        return cls.from_dict(data, base_dir=base_dir)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> PluginConfig:
+        """Read a JSON config file; relative model paths resolve against the file's folder."""
+        p = Path(path)
+        try:
+            text = p.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+        return cls.from_json(text, base_dir=p.parent)
+
+    @classmethod
+    def from_dict(
+        cls, data: Any, *, base_dir: str | os.PathLike[str] | None = None
+    ) -> PluginConfig:
+        """Build a config from already-parsed JSON (a mapping)."""
+        r = _Reader(data, "", base_dir)
+        model_r = r.section("model", required=True)
+        model = ModelConfig(
+            path=model_r.path("path", required=True) or "",
+            name=model_r.get("name", str),
+            embedding_dim=model_r.positive_int("embedding_dim"),
+            expected_sha256=model_r.sha256("expected_sha256"),
+            enable_mmap_loading=model_r.get("enable_mmap_loading", bool, False),
+            text_path=model_r.path("text_path"),
+            tokenizer_path=model_r.path("tokenizer_path"),
+            variant=model_r.get("variant", str),
+        )
+        model_r.finish()
+        pre_r = r.section("preprocess")
+        preprocess = PreprocessConfig(
+            image_size=pre_r.positive_int("image_size"),
+            mean=pre_r.triple("mean"),
+            std=pre_r.triple("std", positive=True),
+            resize_mode=pre_r.choice("resize_mode", ResizeMode),
+            apply_exif=pre_r.get("apply_exif", bool, True),
+            max_image_pixels=pre_r.positive_int("max_image_pixels") or DEFAULT_MAX_IMAGE_PIXELS,
+        )
+        pre_r.finish()
+        trt_r = r.section("tensorrt")
+        tensorrt = TensorRTConfig(
+            cache_dir=trt_r.path("cache_dir"), fp16=trt_r.get("fp16", bool, False)
+        )
+        trt_r.finish()
+        config = cls(
+            model=model,
+            backend=r.choice("backend", BackendType) or BackendType.AUTO,
+            max_batch_size=r.positive_int("max_batch_size") or 32,
+            intra_op_threads=r.positive_int("intra_op_threads"),
+            preprocess_workers=r.positive_int("preprocess_workers"),
+            preprocess=preprocess,
+            tensorrt=tensorrt,
+            device_id=r.get("device_id", int, 0),
+            drain_timeout_s=r.number("drain_timeout_s", 30.0),
+            allow_embedding_space_change=r.get("allow_embedding_space_change", bool, False),
+        )
+        r.finish()
+        return config
+
+
+def _check_positive(value: int, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"must be a positive integer, got {value!r}", key=key)
+
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+class _Reader:
+    """Reads one JSON object, tracking which keys were used so unknown ones can be reported."""
+
+    def __init__(self, data: Any, prefix: str, base_dir: str | os.PathLike[str] | None) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"must be a JSON object, got {type(data).__name__}", key=prefix.rstrip(".") or None
+            )
+        self._data = data
+        self._prefix = prefix
+        self._base_dir = base_dir
+        self._seen: set[str] = set()
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    def raw(self, key: str) -> Any:
+        self._seen.add(key)
+        return self._data.get(key)
+
+    def get(self, key: str, typ: type[_T], default: _T | None = None) -> Any:
+        value = self.raw(key)
+        if value is None:
+            return default
+        # bool is an int subclass: reject true/false where a number is expected, and vice versa.
+        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+            raise ConfigError(
+                f"expected {typ.__name__}, got {type(value).__name__} {value!r}", key=self._key(key)
+            )
+        return value
+
+    def positive_int(self, key: str) -> int | None:
+        value: int | None = self.get(key, int)
+        if value is not None and value < 1:
+            raise ConfigError(f"must be a positive integer, got {value!r}", key=self._key(key))
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"expected a number, got {value!r}", key=self._key(key))
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"must be a finite number >= 0, got {value!r}", key=self._key(key))
+        return float(value)
+
+    def choice(self, key: str, enum_type: type[_E]) -> _E | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                return enum_type(value.lower())
+            except ValueError:
+                pass
+        allowed = ", ".join(str(m.value) for m in enum_type)
+        raise ConfigError(f"must be one of {allowed}; got {value!r}", key=self._key(key))
+
+    def triple(self, key: str, *, positive: bool = False) -> tuple[float, float, float] | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        if (
+            not isinstance(value, list | tuple)
+            or len(value) != 3
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+            or not all(math.isfinite(v) for v in value)
+            or (positive and not all(v > 0 for v in value))
+        ):
+            what = "three positive numbers" if positive else "three numbers"
+            raise ConfigError(f"must be a list of {what}, got {value!r}", key=self._key(key))
+        return (float(value[0]), float(value[1]), float(value[2]))
+
+    def path(self, key: str, *, required: bool = False) -> str | None:
+        value: str | None = self.get(key, str)
+        if value is None or not value.strip():
+            if required:
+                raise ConfigError("is required", key=self._key(key))
+            return None
+        expanded = os.path.expanduser(value)
+        if self._base_dir is not None and not os.path.isabs(expanded):
+            expanded = os.path.join(self._base_dir, expanded)
+        return expanded
+
+    def sha256(self, key: str) -> str | Mapping[str, str] | None:
+        value = self.raw(key)
+        if value is None:
+            return None
+        items = value.items() if isinstance(value, Mapping) else [("", value)]
+        for name, digest in items:
+            if not isinstance(digest, str) or not _is_hex_digest(digest):
+                where = f"{self._key(key)}.{name}" if name else self._key(key)
+                raise ConfigError(f"must be a 64-digit hex SHA-256, got {digest!r}", key=where)
+        if isinstance(value, Mapping):
+            return {str(k): str(v).lower() for k, v in value.items()}
+        return str(value).lower()
+
+    def section(self, key: str, *, required: bool = False) -> _Reader:
+        value = self.raw(key)
+        if value is None:
+            if required:
+                raise ConfigError("is required", key=self._key(key))
+            value = {}
+        return _Reader(value, self._key(key) + ".", self._base_dir)
+
+    def finish(self) -> None:
+        unknown = sorted(set(self._data) - self._seen)
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r}", key=self._key(str(unknown[0])))
+
+
+def _is_hex_digest(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)

@@ -1,0 +1,157 @@
+"""Generated scenes: one coloured shape of a given size and position on a textured background.
+
+Draws with Pillow (``ImageDraw``); this is image *synthesis* for demos and training, kept apart
+from the preprocessing seam in ``preprocess/image.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+__all__ = [
+    "COLOURS",
+    "POSITIONS",
+    "SHAPES",
+    "SIZES",
+    "Scene",
+    "random_scene",
+    "render_scene",
+    "write_gallery",
+]
+
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (40, 170, 60),
+    "blue": (40, 70, 220),
+    "yellow": (240, 220, 40),
+    "orange": (245, 140, 20),
+    "purple": (140, 50, 180),
+    "white": (245, 245, 245),
+    "black": (20, 20, 20),
+}
+SHAPES = ("circle", "square", "triangle", "star", "cross", "ring")
+SIZES = ("small", "large")
+POSITIONS = ("left", "center", "right")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scene:
+    shape: str
+    colour: str
+    size: str = "large"
+    position: str = "center"
+    seed: int = 0
+
+    @property
+    def caption(self) -> str:
+        pos = "in the center" if self.position == "center" else f"on the {self.position}"
+        return f"a {self.size} {self.colour} {self.shape} {pos}"
+
+    @property
+    def slug(self) -> str:
+        return f"{self.colour}-{self.shape}-{self.size}-{self.position}-{self.seed}"
+
+
+def _polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, float]]:
+    if shape == "triangle":
+        return [
+            (cx + r * math.cos(a), cy + r * math.sin(a))
+            for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)
+        ]
+    if shape == "star":
+        pts = []
+        for k in range(10):
+            rr = r if k % 2 == 0 else r * 0.45
+            a = -math.pi / 2 + k * math.pi / 5
+            pts.append((cx + rr * math.cos(a), cy + rr * math.sin(a)))
+        return pts
+    if shape == "cross":
+        w = r * 0.35
+        return [
+            (cx - w, cy - r),
+            (cx + w, cy - r),
+            (cx + w, cy - w),
+            (cx + r, cy - w),
+            (cx + r, cy + w),
+            (cx + w, cy + w),
+            (cx + w, cy + r),
+            (cx - w, cy + r),
+            (cx - w, cy + w),
+            (cx - r, cy + w),
+            (cx - r, cy - w),
+            (cx - w, cy - w),
+        ]
+    raise ValueError(f"not a polygon shape: {shape}")
+
+
+def render_scene(scene: Scene, *, size: int = 224) -> Image.Image:
+    """Draw ``scene`` as an RGB image of ``size``×``size`` pixels (deterministic per seed)."""
+    if scene.shape not in SHAPES or scene.colour not in COLOURS:
+        raise ValueError(f"unknown shape or colour: {scene.shape!r}, {scene.colour!r}")
+    rng = np.random.default_rng(scene.seed)
+    # Background: a muted random gradient plus noise, never close to a shape colour's purity.
+    base = rng.integers(90, 170, size=3)
+    tilt = rng.integers(-40, 40, size=3)
+    ramp = np.linspace(0, 1, size)[None, :, None] * tilt[None, None, :]
+    noise = rng.normal(0, 12, (size, size, 3))
+    bg = np.clip(base[None, None, :] + ramp + noise, 0, 255).astype(np.uint8)
+    img = Image.fromarray(bg, "RGB").filter(ImageFilter.GaussianBlur(1))
+    draw = ImageDraw.Draw(img)
+    frac = rng.uniform(0.09, 0.13) if scene.size == "small" else rng.uniform(0.22, 0.3)
+    r = frac * size
+    cx = {"left": 0.25, "center": 0.5, "right": 0.75}[scene.position] * size + rng.uniform(
+        -0.04, 0.04
+    ) * size
+    cy = size / 2 + rng.uniform(-0.2, 0.2) * size
+    colour = tuple(int(np.clip(c + rng.integers(-15, 16), 0, 255)) for c in COLOURS[scene.colour])
+    if scene.shape == "circle":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=colour)
+    elif scene.shape == "ring":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=colour, width=max(2, int(r * 0.3)))
+    elif scene.shape == "square":
+        a = rng.uniform(0, math.pi / 2)
+        pts = [
+            (cx + r * math.cos(a + k * math.pi / 2), cy + r * math.sin(a + k * math.pi / 2))
+            for k in range(4)
+        ]
+        draw.polygon(pts, fill=colour)
+    else:
+        draw.polygon(_polygon(scene.shape, cx, cy, r), fill=colour)
+    return img
+
+
+def random_scene(
+    rng: np.random.Generator,
+    *,
+    shapes: tuple[str, ...] = SHAPES,
+    colours: tuple[str, ...] | None = None,
+) -> Scene:
+    cols = colours or tuple(COLOURS)
+    return Scene(
+        shape=str(rng.choice(shapes)),
+        colour=str(rng.choice(cols)),
+        size=str(rng.choice(SIZES)),
+        position=str(rng.choice(POSITIONS)),
+        seed=int(rng.integers(0, 2**31)),
+    )
+
+
+def write_gallery(
+    folder: Path, count: int, *, seed: int = 0, size: int = 224
+) -> list[tuple[Path, Scene]]:
+    """Render ``count`` random scenes as JPEG files into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        scene = random_scene(rng)
+        path = folder / f"{i:03d}-{scene.slug}.jpg"
+        if not path.exists():
+            render_scene(scene, size=size).save(path, quality=92)
+        out.append((path, scene))
+    return out

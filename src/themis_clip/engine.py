@@ -1,0 +1,450 @@
+"""The two towers and the loaded model (the seed's ``Impl``): pre / core / post steps.
+
+Input and output names, dtypes and batch axes are read from each session, never hard-coded:
+an image tower takes one float tensor ``[N, 3, S, S]`` and returns ``[N, D]``; a text tower takes
+integer ids ``[N, L]`` (int32 or int64) and optionally an attention mask, and returns ``[N, D]``.
+Graphs whose batch axis is fixed at 1 are looped; graphs with a dynamic sequence axis get
+batches trimmed to their longest real sequence (the text tower pools at EOT under a causal mask,
+so trailing padding cannot change the result). Outputs are always L2-normalised here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.config import PluginConfig
+from themis_clip.errors import (
+    BackendUnavailableError,
+    InferenceError,
+    ModelFormatError,
+    ModelMismatchError,
+)
+from themis_clip.interface import BackendType
+from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.models.layout import model_identity_digest, resolve_model
+from themis_clip.models.spec import ModelSpec
+from themis_clip.preprocess.image import ImagePreprocessor
+from themis_clip.preprocess.text import CLIPTokenizer
+from themis_clip.runtime import (
+    ORTSession,
+    SessionSettings,
+    available_providers,
+    create_session,
+    plan_providers,
+)
+
+__all__ = ["ClipModel", "TextualTower", "VisualTower", "l2_normalize"]
+
+log = logging.getLogger(__name__)
+
+_IMAGE_OUTPUT_NAMES = (
+    "image_embeds",
+    "embedding",
+    "IMAGE_EMBEDDING",
+    "image_embedding",
+    "embeddings",
+)
+_TEXT_OUTPUT_NAMES = ("text_embeds", "embedding", "TEXT_EMBEDDING", "text_embedding", "embeddings")
+_TEXT_INPUT_NAMES = ("input_ids", "text", "TEXT", "tokens")
+_MASK_NAMES = ("attention_mask", "mask")
+
+
+def l2_normalize(x: npt.NDArray[Any]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+    """Normalise rows to unit L2 norm.
+
+    Returns:
+        ``(normalised float32 [n, D], valid bool [n])``; a row is invalid when it holds a
+        non-finite value or has zero norm (it cannot be normalised), and is left as zeros.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x.astype(np.float64), axis=1)
+    valid = np.isfinite(norms) & (norms > 0)
+    out = np.zeros_like(x, dtype=np.float32)
+    out[valid] = x[valid] / norms[valid, None].astype(np.float32)
+    return out, valid
+
+
+def _pick_output(session: ORTSession, preferred: Sequence[str]) -> int:
+    names = [o.name for o in session.outputs]
+    for name in preferred:
+        if name in names:
+            return names.index(name)
+    return 0
+
+
+def _check_embedding_output(session: ORTSession, index: int, tower: str) -> int | None:
+    out = session.outputs[index]
+    if len(out.shape) == 3:
+        raise ModelFormatError(
+            f"{tower} tower {session.path.name} outputs {out.name} of rank 3 {out.shape}: this "
+            "looks like a tower-only export (hidden states) without the projection, which gives "
+            "no CLIP embeddings; export the full model with `themis-clip export`"
+        )
+    if len(out.shape) != 2:
+        raise ModelFormatError(
+            f"{tower} tower output {out.name} must be [batch, dim], got shape {out.shape}"
+        )
+    return out.fixed_dim(1)
+
+
+class VisualTower:
+    """Image tower: ``pixels [N, 3, S, S]`` → ``embeddings [N, D]`` (not yet normalised)."""
+
+    def __init__(self, session: ORTSession, max_batch_size: int) -> None:
+        floats = [i for i in session.inputs if i.dtype.kind == "f"]
+        if len(session.inputs) != 1 or not floats or len(floats[0].shape) != 4:
+            described = ", ".join(f"{i.name}{list(i.shape)} {i.dtype}" for i in session.inputs)
+            raise ModelFormatError(
+                f"image tower {session.path.name} must take one float tensor [N, 3, S, S]; it "
+                f"takes {described} (a joint text+image model? use separate towers)"
+            )
+        self.session = session
+        self.input = floats[0]
+        self._output_index = _pick_output(session, _IMAGE_OUTPUT_NAMES)
+        self.output_dim = _check_embedding_output(session, self._output_index, "image")
+        self._output_name = session.outputs[self._output_index].name
+        fixed_batch = self.input.fixed_dim(0)
+        self.batch_limit = min(max_batch_size, fixed_batch) if fixed_batch else max_batch_size
+        self.fixed_batch = fixed_batch
+        self.graph_image_size = self.input.fixed_dim(2)
+
+    def run(self, pixels: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Embed ``pixels`` ``[n, 3, S, S]`` in chunks the graph accepts."""
+        if pixels.dtype != self.input.dtype:
+            pixels = pixels.astype(self.input.dtype)
+        chunks = []
+        step = self.fixed_batch or self.batch_limit
+        for start in range(0, len(pixels), step):
+            chunk = pixels[start : start + step]
+            (out,) = self.session.run([self._output_name], {self.input.name: chunk})
+            chunks.append(np.asarray(out, dtype=np.float32))
+        result = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        return _check_shape(result, len(pixels), self.session)
+
+
+class TextualTower:
+    """Text tower: token ids ``[N, L]`` (+ mask) → ``embeddings [N, D]`` (not yet normalised)."""
+
+    def __init__(self, session: ORTSession, tokenizer: CLIPTokenizer, max_batch_size: int) -> None:
+        ints = [i for i in session.inputs if i.dtype.kind in "iu"]
+        ids = next((i for i in ints if i.name in _TEXT_INPUT_NAMES), None)
+        if ids is None and ints:
+            ids = next((i for i in ints if i.name not in _MASK_NAMES), None)
+        if ids is None or len(ids.shape) != 2:
+            raise ModelFormatError(
+                f"text tower {session.path.name} must take integer token ids [N, L]; it takes "
+                + ", ".join(f"{i.name}{list(i.shape)} {i.dtype}" for i in session.inputs)
+            )
+        self.ids = ids
+        self.mask = next((i for i in ints if i.name in _MASK_NAMES), None)
+        others = [i.name for i in session.inputs if i is not ids and i is not self.mask]
+        if others:
+            raise ModelFormatError(
+                f"text tower {session.path.name} needs inputs we cannot provide: {others} "
+                "(a joint text+image model? use separate towers)"
+            )
+        self.session = session
+        self.tokenizer = tokenizer
+        self._output_index = _pick_output(session, _TEXT_OUTPUT_NAMES)
+        self.output_dim = _check_embedding_output(session, self._output_index, "text")
+        self._output_name = session.outputs[self._output_index].name
+        self.fixed_batch = ids.fixed_dim(0)
+        self.fixed_length = ids.fixed_dim(1)
+        self.batch_limit = (
+            min(max_batch_size, self.fixed_batch) if self.fixed_batch else max_batch_size
+        )
+        if self.fixed_length is not None and self.fixed_length < tokenizer.context_length:
+            # The graph is the authority: sequences must fit its fixed axis.
+            tokenizer.context_length = self.fixed_length
+
+    def run(self, rows: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
+        """Embed token rows; batches are length-sorted, trimmed, and returned in input order."""
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        result: npt.NDArray[np.float32] | None = None
+        step = self.fixed_batch or self.batch_limit
+        for start in range(0, len(order), step):
+            idx = order[start : start + step]
+            chunk = [rows[i] for i in idx]
+            length = self.fixed_length or max(len(r) for r in chunk)
+            ids, mask = self.tokenizer.pad(chunk, length, self.ids.dtype)
+            feeds = {self.ids.name: ids}
+            if self.mask is not None:
+                feeds[self.mask.name] = mask.astype(self.mask.dtype)
+            (out,) = self.session.run([self._output_name], feeds)
+            out = _check_shape(np.asarray(out, dtype=np.float32), len(chunk), self.session)
+            if result is None:
+                result = np.empty((len(rows), out.shape[1]), dtype=np.float32)
+            result[idx] = out
+        assert result is not None, "run() needs at least one row"
+        return result
+
+
+def _check_shape(
+    out: npt.NDArray[np.float32], n: int, session: ORTSession
+) -> npt.NDArray[np.float32]:
+    if out.ndim != 2 or out.shape[0] != n:
+        raise InferenceError(
+            f"{session.path.name} returned shape {out.shape}, expected [{n}, embedding_dim]"
+        )
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelIdentity:
+    """What makes two models' vectors comparable: name, content digest, dimension."""
+
+    name: str
+    sha256: str
+    embedding_dim: int
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.sha256[:12]}"
+
+
+class ClipModel:
+    """A loaded model: sessions, tokenizer, preprocessor, identity and in-flight counting.
+
+    This is the seed's ``Impl``: the plugin holds exactly one active ``ClipModel`` and swaps it
+    whole on reload. Requests hold it through :meth:`acquire`/:meth:`release`; :meth:`close`
+    releases sessions as soon as no request holds the model any more.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: ModelSpec,
+        identity: ModelIdentity,
+        visual: VisualTower,
+        textual: TextualTower | None,
+        preprocessor: ImagePreprocessor,
+        config: PluginConfig,
+    ) -> None:
+        self.spec = spec
+        self.identity = identity
+        self.visual = visual
+        self.textual = textual
+        self.preprocessor = preprocessor
+        self.config = config
+        self.backend: BackendType = visual.session.backend
+        self.providers = visual.session.providers
+        self.generation = 0
+        self._in_flight = 0
+        self._retired = False
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.identity.embedding_dim
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- loading ------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        config: PluginConfig,
+        backend: BackendType,
+        *,
+        available: Sequence[str] | None = None,
+        hash_fn: HashFunction = sha256_file,
+        session_factory: Callable[..., ORTSession] = create_session,
+    ) -> ClipModel:
+        """Resolve, verify and load ``config.model`` on ``backend``.
+
+        Raises:
+            ModelError (and subclasses), BackendUnavailableError, ConfigError.
+        """
+        mc = config.model
+        spec = resolve_model(
+            mc.path,
+            name=mc.name,
+            text_path=mc.text_path,
+            tokenizer_path=mc.tokenizer_path,
+            variant=mc.variant,
+        )
+        digest = model_identity_digest(spec, mc.expected_sha256, hash_fn)
+        settings = SessionSettings(
+            intra_op_threads=config.intra_op_threads,
+            device_id=config.device_id,
+            tensorrt_cache_dir=config.tensorrt.cache_dir,
+            tensorrt_fp16=config.tensorrt.fp16,
+        )
+        plans = plan_providers(
+            backend,
+            available if available is not None else available_providers(),
+            settings=settings,
+        )
+        visual_session: ORTSession | None = None
+        failures: list[str] = []
+        for plan in plans:
+            try:
+                visual_session = session_factory(spec.visual_path, plan, settings)
+            except BackendUnavailableError as exc:
+                failures.append(str(exc))
+                log.warning("backend %s unusable: %s", plan.backend.value, exc)
+                continue
+            if plan.note:
+                log.warning("%s", plan.note)
+            chosen = plan
+            break
+        if visual_session is None:
+            raise BackendUnavailableError("; ".join(failures) or "no execution provider usable")
+        sessions = [visual_session]
+        try:
+            visual = VisualTower(visual_session, config.max_batch_size)
+            textual = None
+            if spec.textual_path is not None and spec.tokenizer_path is not None:
+                tokenizer = CLIPTokenizer(
+                    spec.tokenizer_path, context_length=spec.context_length, pad_id=spec.pad_id
+                )
+                text_session = session_factory(spec.textual_path, chosen, settings)
+                sessions.append(text_session)
+                textual = TextualTower(text_session, tokenizer, config.max_batch_size)
+            dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
+            image_spec = _resolve_image_spec(spec, config, visual)
+            preprocessor = ImagePreprocessor(
+                image_spec,
+                apply_exif=config.preprocess.apply_exif,
+                max_image_pixels=config.preprocess.max_image_pixels,
+            )
+        except BaseException:
+            for s in sessions:
+                s.close()
+            raise
+        identity = ModelIdentity(name=spec.name, sha256=digest, embedding_dim=dim)
+        log.info(
+            "model %s ready: dim %d, image %d px, backend %s, text tower %s",
+            identity.model_id,
+            dim,
+            image_spec.image_size,
+            visual.session.backend.value,
+            "yes" if textual else "no",
+        )
+        return cls(
+            spec=spec,
+            identity=identity,
+            visual=visual,
+            textual=textual,
+            preprocessor=preprocessor,
+            config=config,
+        )
+
+    # -- in-flight accounting ------------------------------------------------------------------
+
+    def acquire(self) -> bool:
+        """Count a request in; False if the model is already closed."""
+        with self._cond:
+            if self._closed:
+                return False
+            self._in_flight += 1
+            return True
+
+    def release(self) -> None:
+        """Count a request out; the last one out of a retired model closes it."""
+        with self._cond:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._cond.notify_all()
+                if self._retired:
+                    self._close_locked()
+
+    def retire(self, timeout_s: float) -> bool:
+        """Stop serving: wait up to ``timeout_s`` for in-flight requests, then release sessions.
+
+        Returns:
+            True if drained in time and closed now; False if requests were still running,
+            in which case the last of them closes the model when it finishes.
+        """
+        with self._cond:
+            self._retired = True
+            drained = self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+            if drained:
+                self._close_locked()
+            return drained
+
+    def _close_locked(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.visual.session.close()
+        if self.textual is not None:
+            self.textual.session.close()
+        log.info("model %s (generation %d) released", self.identity.model_id, self.generation)
+
+    # -- inference -----------------------------------------------------------------------------
+
+    def embed_pixels(
+        self, pixels: npt.NDArray[np.float32]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+        """Run the image tower and normalise; returns ``(embeddings [n, D], valid [n])``."""
+        return l2_normalize(self.visual.run(pixels))
+
+    def embed_token_rows(
+        self, rows: Sequence[Sequence[int]]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+        """Run the text tower on token rows and normalise."""
+        if self.textual is None:
+            raise ModelFormatError(f"model {self.identity.name} has no text tower")
+        return l2_normalize(self.textual.run(rows))
+
+
+def _resolve_dim(
+    spec: ModelSpec, declared: int | None, visual: VisualTower, textual: TextualTower | None
+) -> int:
+    graph_dims = {d for d in (visual.output_dim, textual.output_dim if textual else None) if d}
+    if len(graph_dims) > 1:
+        raise ModelMismatchError(
+            f"image and text towers disagree on the embedding dimension: {sorted(graph_dims)}"
+        )
+    graph_dim = graph_dims.pop() if graph_dims else None
+    probe_dim = graph_dim
+    if probe_dim is None:  # dynamic output axis: run one zero input to learn it
+        size = visual.graph_image_size or spec.image.image_size
+        out = visual.run(np.zeros((1, 3, size, size), dtype=np.float32))
+        probe_dim = int(out.shape[1])
+    for source, value in (
+        ("model.embedding_dim", declared),
+        ("manifest embedding_dim", spec.embedding_dim),
+    ):
+        if value is not None and value != probe_dim:
+            raise ModelMismatchError(
+                f"{source} is {value} but the model outputs {probe_dim}-dimensional embeddings"
+            )
+    return probe_dim
+
+
+def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> Any:
+    pre = config.preprocess
+    image = spec.image
+    if spec.layout == "file" and visual.graph_image_size and pre.image_size is None:
+        image = replace(image, image_size=visual.graph_image_size)
+    image = replace(
+        image,
+        image_size=pre.image_size or image.image_size,
+        mean=pre.mean or image.mean,
+        std=pre.std or image.std,
+        resize_mode=pre.resize_mode or image.resize_mode,
+    )
+    if visual.graph_image_size and visual.graph_image_size != image.image_size:
+        raise ModelMismatchError(
+            f"image size {image.image_size} does not match the image tower's fixed input "
+            f"{visual.graph_image_size}x{visual.graph_image_size}"
+        )
+    return image

@@ -1,0 +1,112 @@
+"""The exception tree of themis-clip.
+
+::
+
+    ThemisClipError
+    ├── ConfigError                 a config key has a wrong type or value (names the key)
+    ├── PluginNotFoundError         no image-analysis plugin registered under that name
+    ├── NotReadyError               the plugin is not initialised (or was shut down)
+    ├── BackendUnavailableError     the requested execution provider cannot be used here
+    ├── ModelError                  a model could not be loaded or does not behave
+    │   ├── ModelNotFoundError      a model file or directory is missing
+    │   ├── ModelFormatError        not a readable ONNX model, or a layout we cannot use
+    │   ├── IntegrityError          a file's SHA-256 differs from the expected one
+    │   └── ModelMismatchError      output shape / embedding dimension differs from the declared one
+    ├── InputError                  a caller's input cannot be embedded
+    │   ├── ImageDecodeError        bytes/path/array are not a decodable image
+    │   ├── ImageTooLargeError      the image declares more pixels than ``max_image_pixels``
+    │   └── TextInputError          not a string, or not encodable
+    └── InferenceError              ONNX Runtime failed while running a session
+
+Third-party errors (ONNX Runtime, Pillow, tokenizers) are translated into these where they
+enter the package (``runtime.py``, ``preprocess/``); the CLI and the plugin's ``generate_*``
+methods are the edges that turn them into exit codes or ``EmbeddingResult(ok=False)``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "ConfigError",
+    "ImageDecodeError",
+    "ImageTooLargeError",
+    "InferenceError",
+    "InputError",
+    "IntegrityError",
+    "ModelError",
+    "ModelFormatError",
+    "ModelMismatchError",
+    "ModelNotFoundError",
+    "NotReadyError",
+    "PluginNotFoundError",
+    "TextInputError",
+    "ThemisClipError",
+]
+
+
+class ThemisClipError(Exception):
+    """Base class of every error raised by themis-clip."""
+
+
+class ConfigError(ThemisClipError):
+    """A configuration value is missing, of the wrong type or out of range.
+
+    Attributes:
+        key: dotted name of the offending key (``"model.embedding_dim"``), if known.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(f"{key}: {message}" if key else message)
+        self.key = key
+
+
+class PluginNotFoundError(ThemisClipError):
+    """No plugin is registered under the requested name."""
+
+
+class NotReadyError(ThemisClipError):
+    """The plugin has not been initialised, or has been shut down."""
+
+
+class BackendUnavailableError(ThemisClipError):
+    """The requested backend (execution provider) is not available on this machine."""
+
+
+class ModelError(ThemisClipError):
+    """A model could not be loaded or validated."""
+
+
+class ModelNotFoundError(ModelError):
+    """A model file or directory does not exist."""
+
+
+class ModelFormatError(ModelError):
+    """The file is not a usable ONNX model, or the directory layout is not understood."""
+
+
+class IntegrityError(ModelError):
+    """A model file's SHA-256 digest differs from the expected one."""
+
+
+class ModelMismatchError(ModelError):
+    """The model's outputs do not match what the configuration or manifest declares."""
+
+
+class InputError(ThemisClipError):
+    """A caller's input cannot be embedded."""
+
+
+class ImageDecodeError(InputError):
+    """The input is not a decodable image."""
+
+
+class ImageTooLargeError(InputError):
+    """The image declares more pixels than allowed (decompression-bomb guard)."""
+
+
+class TextInputError(InputError):
+    """The text input is not a string or cannot be tokenised."""
+
+
+class InferenceError(ThemisClipError):
+    """ONNX Runtime raised while running a session."""

@@ -1,0 +1,1 @@
+"""Model building and export (optional extra ``[export]``; the core never imports this)."""

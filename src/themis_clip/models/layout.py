@@ -1,0 +1,281 @@
+"""Resolve a model source (an ``.onnx`` file or a model directory) into a ``ModelSpec``.
+
+This project's directory layout::
+
+    manifest.json     {"format": "themis-clip-model", "format_version": 1, "name": ...,
+                       "embedding_dim": 512,
+                       "visual":  {"file": "visual.onnx", "image_size": 224, "mean": [...],
+                                   "std": [...], "resize_mode": "shortest"},
+                       "textual": {"file": "textual.onnx", "tokenizer": "tokenizer.json",
+                                   "context_length": 77, "pad_id": 0},
+                       "variants": {"int8": {"visual": "visual.int8.onnx", ...}},
+                       "files": {"visual.onnx": "<sha256>", ...}}
+    visual.onnx       pixel_values [N,3,S,S] float → image embedding [N,D]
+    textual.onnx      input_ids [N,L] int32/int64 (+ attention_mask) → text embedding [N,D]
+    tokenizer.json    Hugging Face ``tokenizers`` file (CLIP BPE)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
+from themis_clip.errors import ModelFormatError, ModelNotFoundError
+from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
+from themis_clip.models.spec import ImageSpec, ModelSpec
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "model_identity_digest",
+    "resolve_model",
+    "write_manifest",
+]
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "themis-clip-model"
+_SUPPORTED_FORMAT_VERSION = 1
+
+
+def resolve_model(
+    path: str | Path,
+    *,
+    name: str | None = None,
+    text_path: str | Path | None = None,
+    tokenizer_path: str | Path | None = None,
+    variant: str | None = None,
+) -> ModelSpec:
+    """Find out what ``path`` holds and describe it.
+
+    Raises:
+        ModelNotFoundError: ``path`` (or a file it names) does not exist.
+        ModelFormatError: the directory layout or manifest is not understood.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise ModelNotFoundError(f"model path not found: {root}")
+    if root.is_dir():
+        manifest = root / MANIFEST_NAME
+        if not manifest.is_file():
+            raise ModelFormatError(
+                f"{root} is a directory without {MANIFEST_NAME}; expected this project's model "
+                "layout (manifest.json, visual.onnx, textual.onnx, tokenizer.json) or a path to "
+                "an image-tower .onnx file"
+            )
+        spec = _from_manifest(manifest, variant=variant, name=name)
+    else:
+        if variant not in (None, "fp32"):
+            raise ModelFormatError(
+                f"variant {variant!r} needs a model directory with a manifest; {root} is a file"
+            )
+        textual = Path(text_path) if text_path else None
+        tokenizer = Path(tokenizer_path) if tokenizer_path else None
+        if (
+            textual is not None
+            and tokenizer is None
+            and (textual.parent / "tokenizer.json").is_file()
+        ):
+            tokenizer = textual.parent / "tokenizer.json"
+        spec = ModelSpec(
+            name=name or root.stem,
+            layout="file",
+            root=root.parent,
+            visual_path=root,
+            textual_path=textual,
+            tokenizer_path=tokenizer,
+        )
+    for file in (spec.visual_path, spec.textual_path, spec.tokenizer_path):
+        if file is not None and not file.is_file():
+            raise ModelNotFoundError(f"model file not found: {file}")
+    if spec.textual_path is not None and spec.tokenizer_path is None:
+        raise ModelFormatError(f"text tower {spec.textual_path} has no tokenizer.json beside it")
+    return spec
+
+
+def model_identity_digest(
+    spec: ModelSpec,
+    expected: str | Mapping[str, str] | None,
+    hash_fn: HashFunction = sha256_file,
+) -> str:
+    """Verify the expected digests (if any) and return the model's identity digest.
+
+    * ``expected`` a string: for a directory it is the manifest's digest, and every file the
+      manifest lists is then verified too; for a single file it is that file's digest.
+    * ``expected`` a mapping: relative file name → digest, each verified.
+    * The identity is the manifest's digest for directories, else the digest of the model files.
+
+    Raises:
+        IntegrityError: a digest differs. ModelNotFoundError: a listed file is missing.
+    """
+    if isinstance(expected, Mapping):
+        for rel, digest in expected.items():
+            verify_digest(spec.root / rel, digest, hash_fn)
+    if spec.manifest_path is not None:
+        if isinstance(expected, str):
+            identity = verify_digest(spec.manifest_path, expected, hash_fn)
+            for rel, digest in spec.declared_sha256.items():
+                verify_digest(spec.root / rel, digest, hash_fn)
+            return identity
+        return hash_fn(spec.manifest_path).lower()
+    digests = []
+    for i, file in enumerate(spec.model_files()):
+        if i == 0 and isinstance(expected, str):
+            digests.append(verify_digest(file, expected, hash_fn))
+        else:
+            digests.append(hash_fn(file).lower())
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+
+def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> ModelSpec:
+    try:
+        data = json.loads(manifest.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"cannot read {manifest}: {exc}") from exc
+    m = _Fields(data, manifest)
+    fmt = m.get("format", str)
+    if fmt != MANIFEST_FORMAT:
+        raise ModelFormatError(f"{manifest}: format must be {MANIFEST_FORMAT!r}, got {fmt!r}")
+    version = m.get("format_version", int)
+    if version is None or version > _SUPPORTED_FORMAT_VERSION:
+        raise ModelFormatError(
+            f"{manifest}: format_version {version!r} is newer than this themis-clip supports "
+            f"({_SUPPORTED_FORMAT_VERSION}); upgrade themis-onnx-clip"
+        )
+    root = manifest.parent
+    visual = m.section("visual", required=True)
+    textual = m.section("textual")
+    files = {"visual": visual.get("file", str) or "visual.onnx"}
+    if textual.present:
+        files["textual"] = textual.get("file", str) or "textual.onnx"
+    chosen = variant or "fp32"
+    if chosen != "fp32":
+        variants = m.get("variants", dict) or {}
+        if chosen not in variants:
+            available = ", ".join(["fp32", *sorted(variants)])
+            raise ModelFormatError(f"{manifest}: no variant {chosen!r}; available: {available}")
+        override = _Fields(variants[chosen], manifest, f"variants.{chosen}.")
+        for tower in list(files):
+            files[tower] = override.get(tower, str) or files[tower]
+    declared = m.get("files", dict) or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in declared.items()):
+        raise ModelFormatError(f"{manifest}: files must map file names to SHA-256 strings")
+    image = ImageSpec(
+        image_size=visual.get("image_size", int) or 224,
+        mean=visual.triple("mean") or CLIP_MEAN,
+        std=visual.triple("std") or CLIP_STD,
+        resize_mode=visual.resize_mode(),
+    )
+    tokenizer = (textual.get("tokenizer", str) or "tokenizer.json") if textual.present else None
+    return ModelSpec(
+        name=name or m.get("name", str) or root.name,
+        layout="themis",
+        root=root,
+        visual_path=root / files["visual"],
+        textual_path=root / files["textual"] if "textual" in files else None,
+        tokenizer_path=root / tokenizer if tokenizer else None,
+        embedding_dim=m.get("embedding_dim", int),
+        image=image,
+        context_length=textual.get("context_length", int) or 77,
+        pad_id=textual.get("pad_id", int),
+        variant=chosen,
+        manifest_path=manifest,
+        declared_sha256={k: v.lower() for k, v in declared.items()},
+    )
+
+
+class _Fields:
+    def __init__(self, data: Any, source: Path, prefix: str = "") -> None:
+        self.present = data is not None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ModelFormatError(
+                f"{source}: {prefix.rstrip('.') or 'manifest'} must be an object"
+            )
+        self._data = data
+        self._source = source
+        self._prefix = prefix
+
+    def _fail(self, key: str, what: str) -> ModelFormatError:
+        return ModelFormatError(f"{self._source}: {self._prefix}{key} {what}")
+
+    def get(self, key: str, typ: type) -> Any:
+        value = self._data.get(key)
+        if value is not None and (
+            not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool)
+        ):
+            raise self._fail(key, f"must be {typ.__name__}, got {value!r}")
+        if typ is int and isinstance(value, int) and value < 0:
+            raise self._fail(key, f"must be >= 0, got {value!r}")
+        return value
+
+    def triple(self, key: str) -> tuple[float, float, float] | None:
+        value = self._data.get(key)
+        if value is None:
+            return None
+        if not (
+            isinstance(value, list)
+            and len(value) == 3
+            and all(isinstance(v, int | float) for v in value)
+        ):
+            raise self._fail(key, f"must be three numbers, got {value!r}")
+        return (float(value[0]), float(value[1]), float(value[2]))
+
+    def resize_mode(self) -> ResizeMode:
+        value = self._data.get("resize_mode", "shortest")
+        try:
+            return ResizeMode(value)
+        except ValueError:
+            allowed = ", ".join(m.value for m in ResizeMode)
+            raise self._fail("resize_mode", f"must be one of {allowed}, got {value!r}") from None
+
+    def section(self, key: str, *, required: bool = False) -> _Fields:
+        value = self._data.get(key)
+        if value is None and required:
+            raise self._fail(key, "is required")
+        return _Fields(value, self._source, f"{self._prefix}{key}.")
+
+
+def write_manifest(
+    root: Path,
+    *,
+    name: str,
+    embedding_dim: int,
+    visual: Mapping[str, Any],
+    textual: Mapping[str, Any] | None = None,
+    variants: Mapping[str, Mapping[str, str]] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    hash_fn: HashFunction = sha256_file,
+) -> Path:
+    """Write ``manifest.json`` for the model files in ``root``, with each file's SHA-256.
+
+    Every file in ``root`` except the manifest itself is listed under ``files``.
+    """
+    files = {
+        p.relative_to(root).as_posix(): hash_fn(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_NAME
+    }
+    manifest: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "format_version": _SUPPORTED_FORMAT_VERSION,
+        "name": name,
+        "embedding_dim": embedding_dim,
+        "visual": dict(visual),
+    }
+    if textual is not None:
+        manifest["textual"] = dict(textual)
+    if variants:
+        manifest["variants"] = {k: dict(v) for k, v in variants.items()}
+    if extra:
+        manifest.update(extra)
+    manifest["files"] = files
+    path = root / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n", "utf-8")
+    return path

@@ -1,0 +1,556 @@
+"""``OnnxClipPlugin``: the seed's ONNX CLIP plugin: lifecycle, inference, statistics, hot swap.
+
+Isolation (the seed's pImpl): every ONNX Runtime object lives in a
+:class:`~themis_clip.engine.ClipModel` that the plugin holds by one reference; callers only
+see numpy arrays and dataclasses.
+
+Concurrency: no global inference mutex. ONNX Runtime's ``run`` is thread-safe on CPU and CUDA,
+so concurrent callers run in parallel and get bit-identical results to serial calls; sessions
+that are not thread-safe (DirectML) carry their own lock. Each request holds the model it
+started with (an in-flight count on that model), so a hot swap never changes the model under a
+running request, and a batch is always computed wholly by one model.
+
+Hot swap (:meth:`OnnxClipPlugin.reload_model`), improving on the seed's drain-then-swap: the new
+model is loaded and validated beside the old one while the old one keeps serving; activation
+is one reference swap, so new requests never wait for a drain. The old model is then retired:
+the reload waits up to ``drain_timeout_s`` for its in-flight requests and releases its sessions.
+**On drain timeout** the reload still succeeds (the new model is active and no request fails);
+the old model's sessions are released by its last in-flight request when that finishes, and
+``drain_timeouts`` counts the event. Sessions are never closed under a running ``run`` call.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip._version import __version__
+from themis_clip.config import PluginConfig
+from themis_clip.engine import ClipModel, ModelIdentity
+from themis_clip.errors import (
+    ConfigError,
+    InferenceError,
+    ModelMismatchError,
+    NotReadyError,
+    TextInputError,
+    ThemisClipError,
+)
+from themis_clip.interface import (
+    BackendType,
+    EmbeddingResult,
+    ImageAnalysisBackend,
+    ImageData,
+    PluginInfo,
+)
+from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.runtime import ORTSession, create_session
+from themis_clip.stats import Statistics
+
+__all__ = ["OnnxClipPlugin", "PluginState"]
+
+log = logging.getLogger(__name__)
+
+
+class PluginState(enum.StrEnum):
+    """The seed's reload state machine, plus the states around it."""
+
+    UNINITIALIZED = "UNINITIALIZED"
+    LOADING = "LOADING"
+    VALIDATING = "VALIDATING"
+    ACTIVATING = "ACTIVATING"
+    READY = "READY"
+    ERROR = "ERROR"
+
+
+class OnnxClipPlugin(ImageAnalysisBackend):
+    """CLIP image and text embeddings on ONNX Runtime.
+
+    Args:
+        hash_fn: SHA-256 function for model files (seed step 4: injectable).
+        available_providers: override what ONNX Runtime reports (tests, forced policies).
+        session_factory: creates sessions (tests inject failures here).
+    """
+
+    NAME = "onnx_clip"
+
+    def __init__(
+        self,
+        *,
+        hash_fn: HashFunction = sha256_file,
+        available_providers: Sequence[str] | None = None,
+        session_factory: Callable[..., ORTSession] = create_session,
+    ) -> None:
+        self._hash_fn = hash_fn
+        self._available = list(available_providers) if available_providers is not None else None
+        self._session_factory = session_factory
+        self._model: ClipModel | None = None
+        self._model_lock = threading.Lock()  # guards the _model reference and acquire()
+        self._admin_lock = threading.RLock()  # serialises initialize / reload / shutdown
+        self._executor: ThreadPoolExecutor | None = None
+        self._config: PluginConfig | None = None
+        self._requested_backend = BackendType.AUTO
+        self._stats = Statistics()
+        self._state = PluginState.UNINITIALIZED
+        self._reload_counts = {"reloads": 0, "reload_failures": 0, "drain_timeouts": 0}
+        self._last_reload_error: str | None = None
+        self._last_health: bool | None = None
+        self.last_error: str | None = None
+
+    # -- the seed's interface ------------------------------------------------------------------
+
+    def get_info(self) -> PluginInfo:
+        return PluginInfo(
+            name=self.NAME,
+            version=__version__,
+            description="OpenAI CLIP models exported to ONNX, on ONNX Runtime: L2-normalised "
+            "image and text embeddings for multi-modal vector search",
+            capabilities=(
+                "image_embedding",
+                "text_embedding",
+                "batch_embedding",
+                "hot_reload",
+                "health_check",
+                "warmup",
+            ),
+        )
+
+    def initialize(self, config: PluginConfig, backend: BackendType = BackendType.AUTO) -> bool:
+        """Load the model in ``config``; False on failure with the reason in ``last_error``.
+
+        ``backend`` wins over ``config.backend`` unless it is AUTO. Calling ``initialize`` on
+        an initialised plugin shuts the old model down first.
+        """
+        if not isinstance(config, PluginConfig):
+            self.last_error = f"config must be a PluginConfig, got {type(config).__name__}"
+            return False
+        with self._admin_lock:
+            if self._model is not None:
+                self.shutdown()
+            requested = BackendType(backend) if backend is not BackendType.AUTO else config.backend
+            self._state = PluginState.LOADING
+            try:
+                model = self._load(config, requested)
+            except Exception as exc:
+                self._state = PluginState.ERROR
+                self.last_error = _describe(exc)
+                log.error("initialize failed: %s", self.last_error)
+                return False
+            model.generation = 1
+            workers = config.preprocess_workers or min(4, os.cpu_count() or 1)
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess")
+            self._config = config
+            self._requested_backend = requested
+            self._stats.reset()
+            with self._model_lock:
+                self._model = model
+            self._state = PluginState.READY
+            self.last_error = None
+            return True
+
+    def shutdown(self) -> None:
+        """Release sessions (after in-flight requests, bounded by drain_timeout_s); reset stats."""
+        with self._admin_lock:
+            with self._model_lock:
+                model, self._model = self._model, None
+            if model is not None:
+                timeout = self._config.drain_timeout_s if self._config else 30.0
+                model.retire(timeout)
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+            self._stats.reset()
+            self._reload_counts = dict.fromkeys(self._reload_counts, 0)
+            self._last_reload_error = None
+            self._last_health = None
+            self._state = PluginState.UNINITIALIZED
+            log.info("plugin shut down")
+
+    def is_ready(self) -> bool:
+        return self._model is not None
+
+    def get_backend(self) -> BackendType:
+        """The backend the active session really runs on (AUTO before initialisation)."""
+        model = self._model
+        return model.backend if model is not None else BackendType.AUTO
+
+    @property
+    def model_identity(self) -> ModelIdentity | None:
+        """Name, SHA-256 and dimension of the active model: what makes vectors comparable."""
+        model = self._model
+        return model.identity if model is not None else None
+
+    @property
+    def config(self) -> PluginConfig | None:
+        return self._config
+
+    # -- embeddings ----------------------------------------------------------------------------
+
+    def generate_embedding(
+        self, image_data: ImageData, metadata: Mapping[str, Any] | None = None
+    ) -> EmbeddingResult:
+        """Embed one image. Never raises: failures come back as ``ok=False`` with a message."""
+        t0 = time.perf_counter()
+        try:
+            with self._hold() as model:
+                pixels = model.preprocessor(image_data)[None]
+                embeddings, valid = model.embed_pixels(pixels)
+                self._stats.record_batch(1)
+                model_id = model.identity.model_id
+            if not valid[0]:
+                raise InferenceError("the model produced a non-finite or zero embedding")
+            result = EmbeddingResult.success(
+                embeddings[0], latency_ms=_ms(t0), model_id=model_id, metadata=metadata
+            )
+        except Exception as exc:
+            result = EmbeddingResult.failure(_translate(exc), latency_ms=_ms(t0), metadata=metadata)
+        self._stats.record_call(
+            images=1, errors=0 if result.ok else 1, latency_ms=result.latency_ms
+        )
+        return result
+
+    def generate_embedding_batch(self, images: Sequence[ImageData]) -> list[EmbeddingResult]:
+        """Embed many images: parallel decoding, batched session runs of ``max_batch_size``.
+
+        One bad item fails only its own result. All results of one call come from one model.
+        """
+        t0 = time.perf_counter()
+        items = list(images)
+        results: list[EmbeddingResult | None] = [None] * len(items)
+        try:
+            with self._hold() as model:
+                self._embed_images(model, items, results, t0)
+        except Exception as exc:
+            failure = _translate(exc)
+            results = [r or EmbeddingResult.failure(failure, latency_ms=_ms(t0)) for r in results]
+        final = [
+            r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
+            for r in results
+        ]
+        errors = sum(not r.ok for r in final)
+        self._stats.record_call(images=len(final), errors=errors, latency_ms=_ms(t0))
+        return final
+
+    def generate_text_embedding(self, text: str) -> EmbeddingResult:
+        """Embed one text; ``truncated`` says whether it was cut to the context length."""
+        return self.generate_text_embedding_batch([text])[0]
+
+    def generate_text_embedding_batch(self, texts: Sequence[str]) -> list[EmbeddingResult]:
+        """Embed many texts: length-sorted batches trimmed to their longest sequence."""
+        t0 = time.perf_counter()
+        items = list(texts)
+        results: list[EmbeddingResult | None] = [None] * len(items)
+        try:
+            with self._hold() as model:
+                self._embed_texts(model, items, results, t0)
+        except Exception as exc:
+            failure = _translate(exc)
+            results = [r or EmbeddingResult.failure(failure, latency_ms=_ms(t0)) for r in results]
+        final = [
+            r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
+            for r in results
+        ]
+        self._stats.record_call(
+            texts=len(final), errors=sum(not r.ok for r in final), latency_ms=_ms(t0)
+        )
+        return final
+
+    def health_check(self) -> bool:
+        """Run an inference on each tower and check shape ``[1, embedding_dim]`` and finiteness."""
+        try:
+            with self._hold() as model:
+                ok = _validate(model)
+        except Exception as exc:
+            log.warning("health check failed: %s", _describe(exc))
+            ok = False
+        self._last_health = ok
+        return ok
+
+    def warmup(self) -> Mapping[str, float]:
+        """Run zero inputs at batch 1 and ``max_batch_size`` on each tower.
+
+        Returns:
+            milliseconds per step, e.g. ``{"visual_b1_ms": ..., "visual_b32_ms": ...}``.
+
+        Raises:
+            NotReadyError: the plugin is not initialised.
+        """
+        timings: dict[str, float] = {}
+        with self._hold() as model:
+            size = model.preprocessor.spec.image_size
+            for n in sorted({1, model.visual.batch_limit}):
+                t0 = time.perf_counter()
+                model.visual.run(np.zeros((n, 3, size, size), dtype=np.float32))
+                timings[f"visual_b{n}_ms"] = _ms(t0)
+            if model.textual is not None:
+                tok = model.textual.tokenizer
+                for n in sorted({1, model.textual.batch_limit}):
+                    t0 = time.perf_counter()
+                    model.textual.run([[tok.sot_id, tok.eot_id]] * n)
+                    timings[f"textual_b{n}_ms"] = _ms(t0)
+        log.info("warmup done: %s", ", ".join(f"{k}={v:.1f}" for k, v in timings.items()))
+        return timings
+
+    def get_statistics(self) -> dict[str, Any]:
+        """JSON-serialisable statistics (the seed's calls, avg_latency_ms, backend, ...)."""
+        stats = self._stats.snapshot()
+        model = self._model
+        stats.update(
+            state=self._state.value,
+            ready=model is not None,
+            backend=(model.backend if model else BackendType.AUTO).value,
+            providers=list(model.providers) if model else [],
+            model_variant=model.identity.name if model else None,
+            model_id=model.identity.model_id if model else None,
+            model_sha256=model.identity.sha256 if model else None,
+            precision_variant=model.spec.variant if model else None,
+            embedding_dim=model.embedding_dim if model else None,
+            image_size=model.preprocessor.spec.image_size if model else None,
+            text_tower=bool(model and model.textual),
+            generation=model.generation if model else 0,
+            in_flight=model.in_flight if model else 0,
+            loading_mode=model.visual.session.loading_mode if model else None,
+            last_health_check=self._last_health,
+            last_reload_error=self._last_reload_error,
+            **self._reload_counts,
+        )
+        return stats
+
+    # -- hot swap ------------------------------------------------------------------------------
+
+    def reload_model(self, new_config: PluginConfig) -> bool:
+        """Swap in the model of ``new_config`` without stopping service (seed §9.1).
+
+        Returns:
+            True when the new model is active. False (old model still active and serving)
+            when the plugin is not initialised, or loading, hashing, validation or the
+            embedding-space check failed; the reason is in ``last_error``.
+        """
+        if self._model is None:
+            self.last_error = "reload_model: the plugin is not initialised"
+            return False
+        with self._admin_lock:
+            old = self._model
+            if old is None:  # shut down while we waited for the lock
+                self.last_error = "reload_model: the plugin is not initialised"
+                return False
+            self._reload_counts["reloads"] += 1
+            log.info("reload started: %s", new_config.model.path)
+            new: ClipModel | None = None
+            try:
+                self._state = PluginState.LOADING
+                backend = new_config.backend
+                if backend is BackendType.AUTO:
+                    backend = self._requested_backend
+                new = self._load(new_config, backend)
+                self._state = PluginState.VALIDATING
+                if not _validate(new):
+                    raise ModelMismatchError(
+                        "validation inference gave a wrong shape or non-finite values"
+                    )
+                _check_same_space(old.identity, new.identity, new_config)
+            except Exception as exc:
+                if new is not None:
+                    new.retire(0)
+                self._reload_counts["reload_failures"] += 1
+                self._last_reload_error = self.last_error = _describe(exc)
+                self._state = PluginState.ERROR
+                log.error("reload failed, keeping %s: %s", old.identity.model_id, self.last_error)
+                self._state = PluginState.READY
+                return False
+            self._state = PluginState.ACTIVATING
+            new.generation = old.generation + 1
+            with self._model_lock:
+                self._model = new
+            self._config = new_config
+            drained = old.retire(new_config.drain_timeout_s)
+            if not drained:
+                self._reload_counts["drain_timeouts"] += 1
+                log.warning(
+                    "old model %s still had requests after %.1f s; it is released when they end",
+                    old.identity.model_id,
+                    new_config.drain_timeout_s,
+                )
+            self._state = PluginState.READY
+            self._last_reload_error = self.last_error = None
+            log.info("reload finished: %s is generation %d", new.identity.model_id, new.generation)
+            return True
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _load(self, config: PluginConfig, backend: BackendType) -> ClipModel:
+        return ClipModel.load(
+            config,
+            backend,
+            available=self._available,
+            hash_fn=self._hash_fn,
+            session_factory=self._session_factory,
+        )
+
+    @contextmanager
+    def _hold(self) -> Iterator[ClipModel]:
+        with self._model_lock:
+            model = self._model
+            if model is None or not model.acquire():
+                raise NotReadyError("the onnx_clip plugin is not initialised (call initialize())")
+        try:
+            yield model
+        finally:
+            model.release()
+
+    def _embed_images(
+        self,
+        model: ClipModel,
+        items: list[ImageData],
+        results: list[EmbeddingResult | None],
+        t0: float,
+    ) -> None:
+        executor = self._executor
+        if executor is None:
+            raise NotReadyError("the onnx_clip plugin is shut down")
+        step = model.visual.batch_limit
+        chunks = [list(range(s, min(s + step, len(items)))) for s in range(0, len(items), step)]
+        prepare = model.preprocessor
+
+        def submit(idx: list[int]) -> tuple[npt.NDArray[np.float32], list[Future[Any]]]:
+            buf = np.empty((len(idx), *prepare.shape), dtype=np.float32)
+            return buf, [executor.submit(prepare, items[i], buf[j]) for j, i in enumerate(idx)]
+
+        # Decoding of chunk k+1 overlaps the session run of chunk k.
+        pending = submit(chunks[0]) if chunks else None
+        for k, idx in enumerate(chunks):
+            assert pending is not None
+            buf, futures = pending
+            pending = submit(chunks[k + 1]) if k + 1 < len(chunks) else None
+            good: list[int] = []
+            for j, (i, fut) in enumerate(zip(idx, futures, strict=True)):
+                try:
+                    fut.result()
+                    good.append(j)
+                except Exception as exc:
+                    results[i] = EmbeddingResult.failure(_translate(exc), latency_ms=_ms(t0))
+            if not good:
+                continue
+            pixels = buf if len(good) == len(idx) else buf[good]
+            try:
+                embeddings, valid = model.embed_pixels(pixels)
+            except Exception as exc:
+                failure = _translate(exc)
+                for j in good:
+                    results[idx[j]] = EmbeddingResult.failure(failure, latency_ms=_ms(t0))
+                continue
+            self._stats.record_batch(len(good))
+            latency = _ms(t0)
+            for row, j in enumerate(good):
+                results[idx[j]] = _result(embeddings[row], bool(valid[row]), latency, model)
+
+    def _embed_texts(
+        self,
+        model: ClipModel,
+        items: list[str],
+        results: list[EmbeddingResult | None],
+        t0: float,
+    ) -> None:
+        if model.textual is None:
+            raise ConfigError(
+                f"model {model.identity.name} has no text tower; configure model.text_path "
+                "or use a model directory with textual.onnx"
+            )
+        tokenizer = model.textual.tokenizer
+        valid_idx: list[int] = []
+        for i, text in enumerate(items):
+            if isinstance(text, str):
+                valid_idx.append(i)
+            else:
+                results[i] = EmbeddingResult.failure(
+                    TextInputError(f"text must be str, got {type(text).__name__}")
+                )
+        if not valid_idx:
+            return
+        batch = tokenizer.encode_batch([items[i] for i in valid_idx])
+        embeddings, valid = model.embed_token_rows(batch.rows)
+        step = model.textual.fixed_batch or model.textual.batch_limit
+        for start in range(0, len(valid_idx), step):
+            self._stats.record_batch(min(step, len(valid_idx) - start))
+        latency = _ms(t0)
+        for row, i in enumerate(valid_idx):
+            results[i] = _result(
+                embeddings[row], bool(valid[row]), latency, model, truncated=batch.truncated[row]
+            )
+
+
+def _result(
+    embedding: npt.NDArray[np.float32],
+    valid: bool,
+    latency_ms: float,
+    model: ClipModel,
+    *,
+    truncated: bool = False,
+) -> EmbeddingResult:
+    if not valid:
+        return EmbeddingResult.failure(
+            InferenceError("the model produced a non-finite or zero embedding"),
+            latency_ms=latency_ms,
+        )
+    return EmbeddingResult.success(
+        embedding, latency_ms=latency_ms, model_id=model.identity.model_id, truncated=truncated
+    )
+
+
+def _validate(model: ClipModel) -> bool:
+    """One inference per tower: output ``[1, embedding_dim]`` of finite values."""
+    dim = model.embedding_dim
+    size = model.preprocessor.spec.image_size
+    out = model.visual.run(np.zeros((1, 3, size, size), dtype=np.float32))
+    if out.shape != (1, dim) or not np.isfinite(out).all():
+        log.warning(
+            "image tower returned %s (finite: %s), expected (1, %d)",
+            out.shape,
+            np.isfinite(out).all(),
+            dim,
+        )
+        return False
+    if model.textual is not None:
+        tok = model.textual.tokenizer
+        out = model.textual.run([[tok.sot_id, tok.eot_id]])
+        if out.shape != (1, dim) or not np.isfinite(out).all():
+            log.warning("text tower returned %s, expected (1, %d)", out.shape, dim)
+            return False
+    return True
+
+
+def _check_same_space(old: ModelIdentity, new: ModelIdentity, config: PluginConfig) -> None:
+    if config.allow_embedding_space_change:
+        return
+    if old.embedding_dim != new.embedding_dim or old.sha256 != new.sha256:
+        raise ModelMismatchError(
+            f"reload would change the embedding space ({old.model_id}, dim {old.embedding_dim} → "
+            f"{new.model_id}, dim {new.embedding_dim}): vectors stored so far would no longer be "
+            "comparable; set allow_embedding_space_change to true and re-index"
+        )
+
+
+def _translate(exc: BaseException) -> BaseException:
+    if isinstance(exc, ThemisClipError):
+        return exc
+    log.exception("unexpected error while embedding", exc_info=exc)
+    return InferenceError(f"unexpected {type(exc).__name__}: {exc}")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ThemisClipError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0

@@ -1,0 +1,1 @@
+"""Turning caller input into model input: images (Pillow) and text (tokenizers)."""

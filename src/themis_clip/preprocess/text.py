@@ -1,0 +1,136 @@
+"""The only module that imports ``tokenizers``: CLIP tokenisation from the model's own files.
+
+Conventions (REFERENCE.md §2): every sequence is ``<|startoftext|> tokens <|endoftext|>``,
+padded to the batch length with the model's pad id (OpenAI pads with 0; HF and immich files
+often with the EOT id). Text is cleaned like OpenAI's ``basic_clean``/``whitespace_clean``
+(HTML unescaped twice, whitespace collapsed, lower-cased). Over-long text is truncated so that
+EOT stays last, and :class:`TokenBatch` reports which inputs were cut.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.errors import ModelFormatError, TextInputError
+
+__all__ = ["EOT_TOKEN", "SOT_TOKEN", "CLIPTokenizer", "TokenBatch"]
+
+SOT_TOKEN = "<|startoftext|>"  # noqa: S105 - a token, not a password
+EOT_TOKEN = "<|endoftext|>"  # noqa: S105
+_WHITESPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Token ids of a batch, unpadded.
+
+    Attributes:
+        rows: per input, ``[SOT, ..., EOT]``, each at most ``context_length`` long.
+        truncated: per input, True when text was cut to fit the context.
+    """
+
+    rows: list[list[int]]
+    truncated: list[bool]
+
+
+class CLIPTokenizer:
+    """CLIP tokenisation over a Hugging Face ``tokenizer.json``.
+
+    Args:
+        path: the model's ``tokenizer.json``.
+        context_length: maximum sequence length, SOT and EOT included.
+        pad_id: id for padding; None reads ``tokenizer_config.json`` beside the file, else 0.
+
+    Raises:
+        ModelFormatError: the file cannot be read or lacks the CLIP special tokens.
+    """
+
+    def __init__(self, path: Path, *, context_length: int = 77, pad_id: int | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        if context_length < 3:
+            raise ModelFormatError(f"context_length must be >= 3, got {context_length}")
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception subclass
+            raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        sot = self._tokenizer.token_to_id(SOT_TOKEN)
+        eot = self._tokenizer.token_to_id(EOT_TOKEN)
+        if sot is None or eot is None:
+            raise ModelFormatError(f"{path} lacks the CLIP tokens {SOT_TOKEN} and {EOT_TOKEN}")
+        self.sot_id: int = sot
+        self.eot_id: int = eot
+        self.context_length = context_length
+        self.pad_id: int = pad_id if pad_id is not None else _pad_from_config(path, self._tokenizer)
+        # Characters beyond this cannot contribute tokens inside the context (a token spans
+        # at least one character); text longer than this is cut before tokenising.
+        self._char_limit = 64 * context_length
+
+    def encode_batch(self, texts: Sequence[str]) -> TokenBatch:
+        """Tokenise ``texts``.
+
+        Raises:
+            TextInputError: an input is not a ``str``.
+        """
+        cleaned: list[str] = []
+        cut: list[bool] = []
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TextInputError(f"text input {i} must be str, got {type(text).__name__}")
+            c = _clean(text)
+            cut.append(len(c) > self._char_limit)
+            cleaned.append(c[: self._char_limit])
+        body_max = self.context_length - 2
+        encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=False)
+        rows: list[list[int]] = []
+        truncated: list[bool] = []
+        for i, enc in enumerate(encodings):
+            ids = enc.ids
+            if cut[i] and len(ids) <= body_max:  # pathological: re-tokenise the whole text
+                ids = self._tokenizer.encode(_clean(texts[i]), add_special_tokens=False).ids
+            truncated.append(len(ids) > body_max)
+            rows.append([self.sot_id, *ids[:body_max], self.eot_id])
+        return TokenBatch(rows=rows, truncated=truncated)
+
+    def pad(
+        self, rows: Sequence[Sequence[int]], length: int, dtype: np.dtype[Any]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Pad ``rows`` to ``length``; return ``(ids, attention_mask)`` of shape ``(n, length)``."""
+        ids = np.full((len(rows), length), self.pad_id, dtype=dtype)
+        mask = np.zeros((len(rows), length), dtype=dtype)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return ids, mask
+
+
+def _clean(text: str) -> str:
+    # Lone surrogates cannot be encoded to UTF-8 and would make tokenizers raise.
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    text = html.unescape(html.unescape(text))
+    return _WHITESPACE.sub(" ", text).strip().lower()
+
+
+def _pad_from_config(path: Path, tokenizer: Any) -> int:
+    config = path.parent / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            pad = json.loads(config.read_text("utf-8")).get("pad_token")
+        except (OSError, ValueError):
+            pad = None
+        if isinstance(pad, dict):
+            pad = pad.get("content")
+        if isinstance(pad, str) and (pad_id := tokenizer.token_to_id(pad)) is not None:
+            return int(pad_id)
+    return 0
