@@ -394,7 +394,7 @@ class ClipModel:
         self, pixels: npt.NDArray[np.float32]
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
         """Run the image tower and normalise; returns ``(embeddings [n, D], valid [n])``."""
-        return l2_normalize(self.visual.run(pixels))
+        return l2_normalize(self._check_dim(self.visual.run(pixels)))
 
     def embed_token_rows(
         self, rows: Sequence[Sequence[int]]
@@ -402,7 +402,15 @@ class ClipModel:
         """Run the text tower on token rows and normalise."""
         if self.textual is None:
             raise ModelFormatError(f"model {self.identity.name} has no text tower")
-        return l2_normalize(self.textual.run(rows))
+        return l2_normalize(self._check_dim(self.textual.run(rows)))
+
+    def _check_dim(self, out: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        if out.shape[1] != self.identity.embedding_dim:
+            raise InferenceError(
+                f"model {self.identity.model_id} returned {out.shape[1]}-dimensional embeddings, "
+                f"expected {self.identity.embedding_dim}"
+            )
+        return out
 
 
 def _resolve_dim(

@@ -116,7 +116,7 @@ def _open(fp: Any, what: str) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(f"{what}: {exc}") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
-        raise ImageDecodeError(f"{what}: cannot decode image header: {exc}") from exc
+        raise ImageDecodeError(f"{what}: truncated or corrupt image header: {exc}") from exc
 
 
 def _from_array(arr: npt.NDArray[Any]) -> Image.Image:

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import make_plugin
+from themis_clip import OnnxClipPlugin
+from themis_clip.export.tiny import build_model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete model directory: 32 px image tower, text tower, tokenizer, manifest."""
+    return build_model_dir(tmp_path_factory.mktemp("models") / "tiny", name="tiny-a", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second model of the same shape with other weights (for hot swap)."""
+    return build_model_dir(tmp_path_factory.mktemp("models") / "tiny-b", name="tiny-b", seed=7)
+
+
+@pytest.fixture
+def plugin(tiny_model_dir: Path) -> Iterator[OnnxClipPlugin]:
+    p = make_plugin(tiny_model_dir)
+    yield p
+    p.shutdown()

@@ -1,0 +1,60 @@
+"""Shared test helpers: tiny model directories, images in every mode, an independent reference."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from themis_clip import CLIP_MEAN, CLIP_STD, ModelConfig, OnnxClipPlugin, PluginConfig
+
+MEAN = np.asarray(CLIP_MEAN, dtype=np.float64)
+STD = np.asarray(CLIP_STD, dtype=np.float64)
+
+
+def reference_clip_transform(img: Image.Image, n_px: int = 224) -> np.ndarray:
+    """OpenAI CLIP ``_transform(n_px)`` written out from torchvision's documented semantics.
+
+    Resize(n_px, BICUBIC) on the shortest side with the long side truncated, CenterCrop with
+    ``int(round((L - n_px) / 2.0))`` offsets, convert("RGB"), ToTensor, Normalize. Computed in
+    float64 so it checks our float32 fast path rather than repeating it.
+    """
+    w, h = img.size
+    if w <= h:
+        new_w, new_h = n_px, int(n_px * h / w)
+    else:
+        new_w, new_h = int(n_px * w / h), n_px
+    if (new_w, new_h) != (w, h):
+        img = img.resize((new_w, new_h), Image.BICUBIC)
+    top = int(round((new_h - n_px) / 2.0))  # noqa: RUF046 - torchvision's exact expression
+    left = int(round((new_w - n_px) / 2.0))  # noqa: RUF046
+    img = img.crop((left, top, left + n_px, top + n_px)).convert("RGB")
+    x = np.asarray(img, dtype=np.float64) / 255.0
+    return ((x - MEAN) / STD).transpose(2, 0, 1)
+
+
+def photo_like(width: int, height: int, seed: int = 0) -> np.ndarray:
+    """A smooth-plus-noise RGB uint8 array (not flat colour, so resampling errors show)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = np.stack(
+        [128 + 100 * np.sin(xx / (7 + seed) + c) * np.cos(yy / (11 + c + seed)) for c in range(3)],
+        axis=-1,
+    )
+    return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+def encode(img: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kwargs)
+    return buf.getvalue()
+
+
+def make_plugin(model_dir: Path, **config: object) -> OnnxClipPlugin:
+    plugin = OnnxClipPlugin()
+    model_keys = {k: config.pop(k) for k in list(config) if k in ModelConfig.__dataclass_fields__}
+    cfg = PluginConfig(model=ModelConfig(path=str(model_dir), **model_keys), **config)  # type: ignore[arg-type]
+    assert plugin.initialize(cfg), plugin.last_error
+    return plugin

@@ -1,0 +1,110 @@
+"""The CLI as users run it: a subprocess of the installed ``themis-clip`` entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import photo_like
+
+EXE = shutil.which("themis-clip") or str(Path(sys.executable).parent / "themis-clip")
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [EXE, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    folder = tmp_path / "imgs"
+    (folder / "sub").mkdir(parents=True)
+    Image.fromarray(photo_like(80, 60, 1)).save(folder / "a.jpg")
+    Image.fromarray(photo_like(60, 80, 2)).save(folder / "sub" / "b.png")
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def test_embed_json_lines(images: Path, tiny_model_dir: Path) -> None:
+    out = run("embed", str(images), "--model", str(tiny_model_dir), "--text", "a red circle")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [Path(r["path"]).name for r in rows[:2]] == [
+        "a.jpg",
+        "b.png",
+    ]  # folder walked, .txt skipped
+    assert rows[2]["text"] == "a red circle" and rows[2]["truncated"] is False
+    for r in rows:
+        assert r["ok"] and len(r["embedding"]) == 32
+        assert abs(np.linalg.norm(r["embedding"]) - 1) < 1e-5
+        assert r["model_id"].startswith("tiny-a@")
+
+
+def test_embed_npy_and_failures(images: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8 broken")
+    target = tmp_path / "out.npy"
+    out = run(
+        "embed",
+        str(images / "a.jpg"),
+        str(bad),
+        "--model",
+        str(tiny_model_dir),
+        "-o",
+        str(target),
+        "--batch-size",
+        "1",
+    )
+    assert out.returncode == 1  # some inputs failed, the rest were still written
+    assert "bad.jpg" in out.stderr
+    matrix = np.load(target)
+    assert matrix.shape == (2, 32) and np.isfinite(matrix[0]).all() and np.isnan(matrix[1]).all()
+    index = json.loads(target.with_suffix(".json").read_text())
+    assert [i["ok"] for i in index] == [True, False]
+
+
+def test_info_and_health(tiny_model_dir: Path) -> None:
+    info = run("info", "--model", str(tiny_model_dir))
+    assert info.returncode == 0, info.stderr
+    data = json.loads(info.stdout)
+    assert data["plugin"]["name"] == "onnx_clip" and data["model"]["embedding_dim"] == 32
+    assert data["backend"] == "cpu"
+    health = run("health", "--model", str(tiny_model_dir))
+    assert health.returncode == 0 and json.loads(health.stdout)["healthy"] is True
+
+
+def test_config_file(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "c.json"
+    config.write_text(
+        json.dumps({"model": {"path": str(tiny_model_dir), "embedding_dim": 32}, "backend": "cpu"})
+    )
+    out = run("info", "--config", str(config))
+    assert out.returncode == 0, out.stderr
+    config.write_text(json.dumps({"model": {"path": str(tiny_model_dir)}, "max_batch_size": "big"}))
+    out = run("info", "--config", str(config))
+    assert out.returncode == 2 and "max_batch_size" in out.stderr
+
+
+def test_errors_exit_2_with_a_message(tmp_path: Path) -> None:
+    out = run("info", "--model", str(tmp_path / "missing"))
+    assert out.returncode == 2 and "not found" in out.stderr and "Traceback" not in out.stderr
+    out = run("embed")
+    assert out.returncode == 2 and "nothing to embed" in out.stderr
+    out = run("embed", "x.jpg", "--backend", "cuda")
+    assert out.returncode == 2 and "CUDAExecutionProvider" in out.stderr
+
+
+def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
+    out = run("demo", "--count", "6", "--gallery", str(tmp_path / "g"))
+    assert out.returncode == 0, out.stderr
+    assert "embedded 6/6 images" in out.stdout
+    assert out.stdout.count("query:") == 3
+    assert len(list((tmp_path / "g").glob("*.jpg"))) == 6

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from themis_clip import BackendType, ConfigError, PluginConfig, ResizeMode
+
+SEED_JSON = {
+    "model": {
+        "name": "clip-vit-large-patch14",
+        "embedding_dim": 768,
+        "path": "/models/clip-vit-l-14.onnx",
+        "expected_sha256": "ab" * 32,
+        "enable_mmap_loading": True,
+    },
+    "backend": "cuda",
+    "max_batch_size": 64,
+}
+
+
+def test_seed_json_is_accepted_exactly() -> None:
+    config = PluginConfig.from_json(json.dumps(SEED_JSON))
+    assert config.model.name == "clip-vit-large-patch14"
+    assert config.model.embedding_dim == 768
+    assert config.model.path == "/models/clip-vit-l-14.onnx"
+    assert config.model.expected_sha256 == "ab" * 32
+    assert config.model.enable_mmap_loading is True
+    assert config.backend is BackendType.CUDA
+    assert config.max_batch_size == 64
+
+
+def test_defaults_and_extra_keys() -> None:
+    config = PluginConfig.from_dict(
+        {
+            "model": {"path": "m", "text_path": "t.onnx", "variant": "int8"},
+            "intra_op_threads": 2,
+            "preprocess_workers": 3,
+            "preprocess": {
+                "image_size": 336,
+                "resize_mode": "squash",
+                "mean": [0.5, 0.5, 0.5],
+                "std": [0.5, 0.5, 0.5],
+                "apply_exif": False,
+                "max_image_pixels": 1000,
+            },
+            "tensorrt": {"cache_dir": "/tmp/trt", "fp16": True},
+            "drain_timeout_s": 5,
+            "allow_embedding_space_change": True,
+        }
+    )
+    assert config.backend is BackendType.AUTO
+    assert config.max_batch_size == 32
+    assert config.model.text_path == "t.onnx"
+    assert config.preprocess.resize_mode is ResizeMode.SQUASH
+    assert config.preprocess.mean == (0.5, 0.5, 0.5)
+    assert config.preprocess.apply_exif is False
+    assert config.tensorrt.fp16 is True
+    assert config.drain_timeout_s == 5.0
+    assert config.allow_embedding_space_change is True
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({}, "model"),
+        ({"model": {}}, "model.path"),
+        ({"model": {"path": 3}}, "model.path"),
+        ({"model": {"path": "m", "embedding_dim": "512"}}, "model.embedding_dim"),
+        ({"model": {"path": "m", "embedding_dim": 0}}, "model.embedding_dim"),
+        ({"model": {"path": "m", "embedding_dim": True}}, "model.embedding_dim"),
+        ({"model": {"path": "m", "expected_sha256": "abc123"}}, "model.expected_sha256"),
+        (
+            {"model": {"path": "m", "expected_sha256": {"visual.onnx": "zz"}}},
+            "model.expected_sha256.visual.onnx",
+        ),
+        ({"model": {"path": "m", "enable_mmap_loading": "yes"}}, "model.enable_mmap_loading"),
+        ({"model": {"path": "m", "pth": "x"}}, "model.pth"),
+        ({"model": {"path": "m"}, "backend": "gpu"}, "backend"),
+        ({"model": {"path": "m"}, "max_batch_size": -1}, "max_batch_size"),
+        ({"model": {"path": "m"}, "max_batch_size": 1.5}, "max_batch_size"),
+        ({"model": {"path": "m"}, "preprocess": {"resize_mode": "crop"}}, "preprocess.resize_mode"),
+        ({"model": {"path": "m"}, "preprocess": {"mean": [1, 2]}}, "preprocess.mean"),
+        ({"model": {"path": "m"}, "preprocess": {"std": [1, 0, 1]}}, "preprocess.std"),
+        ({"model": {"path": "m"}, "drain_timeout_s": -1}, "drain_timeout_s"),
+        ({"model": {"path": "m"}, "drain_timeout_s": "30"}, "drain_timeout_s"),
+        ({"model": {"path": "m"}, "tensorrt": []}, "tensorrt"),
+        ({"model": {"path": "m"}, "unknown": 1}, "unknown"),
+        ({"model": "m"}, "model"),
+    ],
+)
+def test_bad_values_name_the_key(data: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        PluginConfig.from_dict(data)
+    assert info.value.key == key
+    assert key in str(info.value)
+
+
+def test_not_json_and_not_object() -> None:
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        PluginConfig.from_json("{model")
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        PluginConfig.from_json("[1, 2]")
+
+
+def test_from_file_resolves_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "plugin.json"
+    path.write_text(json.dumps({"model": {"path": "../models/m", "text_path": "/abs/t.onnx"}}))
+    config = PluginConfig.from_file(path)
+    assert Path(config.model.path) == tmp_path / "conf" / ".." / "models" / "m"
+    assert config.model.text_path == "/abs/t.onnx"
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        PluginConfig.from_file(tmp_path / "nope.json")
+
+
+def test_config_is_frozen() -> None:
+    config = PluginConfig.from_dict({"model": {"path": "m"}})
+    with pytest.raises(AttributeError):
+        config.max_batch_size = 3  # type: ignore[misc]

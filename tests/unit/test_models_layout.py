@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from themis_clip import IntegrityError, ModelFormatError, ModelNotFoundError, ResizeMode
+from themis_clip.models.layout import MANIFEST_NAME, model_identity_digest, resolve_model
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+
+
+def edit_manifest(root: Path, **changes: object) -> None:
+    path = root / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+def test_directory_layout(tiny_model_dir: Path) -> None:
+    spec = resolve_model(tiny_model_dir)
+    assert spec.layout == "themis" and spec.name == "tiny-a"
+    assert spec.visual_path == tiny_model_dir / "visual.onnx"
+    assert spec.textual_path == tiny_model_dir / "textual.onnx"
+    assert spec.tokenizer_path == tiny_model_dir / "tokenizer.json"
+    assert spec.image.image_size == 32 and spec.image.resize_mode is ResizeMode.SHORTEST
+    assert spec.embedding_dim == 32 and spec.context_length == 77 and spec.pad_id == 0
+    assert set(spec.declared_sha256) == {"visual.onnx", "textual.onnx", "tokenizer.json"}
+
+
+def test_single_file_with_text_tower(tiny_model_dir: Path) -> None:
+    spec = resolve_model(tiny_model_dir / "visual.onnx", text_path=tiny_model_dir / "textual.onnx")
+    assert spec.layout == "file" and spec.name == "visual"
+    assert spec.tokenizer_path == tiny_model_dir / "tokenizer.json"  # found beside the text tower
+
+
+def test_missing_paths(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        resolve_model(tmp_path / "nothing")
+    with pytest.raises(ModelFormatError, match="without manifest.json"):
+        resolve_model(tmp_path)
+    with pytest.raises(ModelNotFoundError):
+        resolve_model(tiny_model_dir / "visual.onnx", text_path=tmp_path / "t.onnx")
+
+
+def test_missing_file_named_by_manifest(model_copy: Path) -> None:
+    (model_copy / "textual.onnx").unlink()
+    with pytest.raises(ModelNotFoundError, match="textual.onnx"):
+        resolve_model(model_copy)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": "other"}, "format must be"),
+        ({"format_version": 99}, "newer than this themis-clip supports"),
+        ({"visual": None}, "visual is required"),
+        ({"visual": {"file": "visual.onnx", "resize_mode": "zoom"}}, "resize_mode must be one of"),
+        ({"visual": {"file": "visual.onnx", "image_size": "big"}}, "image_size must be int"),
+        ({"visual": {"file": "visual.onnx", "mean": [1]}}, "mean must be three numbers"),
+        ({"files": {"visual.onnx": 3}}, "files must map"),
+    ],
+)
+def test_bad_manifest(model_copy: Path, changes: dict[str, object], message: str) -> None:
+    edit_manifest(model_copy, **changes)
+    with pytest.raises(ModelFormatError, match=message):
+        resolve_model(model_copy)
+
+
+def test_variants(model_copy: Path) -> None:
+    shutil.copy(model_copy / "visual.onnx", model_copy / "visual.int8.onnx")
+    edit_manifest(model_copy, variants={"int8": {"visual": "visual.int8.onnx"}})
+    spec = resolve_model(model_copy, variant="int8")
+    assert spec.variant == "int8" and spec.visual_path.name == "visual.int8.onnx"
+    assert spec.textual_path is not None and spec.textual_path.name == "textual.onnx"
+    with pytest.raises(ModelFormatError, match="no variant 'fp16'; available: fp32, int8"):
+        resolve_model(model_copy, variant="fp16")
+
+
+def test_identity_and_integrity(model_copy: Path) -> None:
+    spec = resolve_model(model_copy)
+    manifest_digest = sha(model_copy / MANIFEST_NAME)
+    assert model_identity_digest(spec, None) == manifest_digest
+    assert model_identity_digest(spec, manifest_digest) == manifest_digest
+    with pytest.raises(IntegrityError, match="SHA-256 mismatch"):
+        model_identity_digest(spec, "0" * 64)
+    # The manifest vouches for each file: tampering with one is caught through it.
+    with open(model_copy / "textual.onnx", "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(IntegrityError, match="textual.onnx"):
+        model_identity_digest(spec, manifest_digest)
+    with pytest.raises(IntegrityError, match="textual.onnx"):
+        model_identity_digest(spec, {"textual.onnx": spec.declared_sha256["textual.onnx"]})
+
+
+def test_single_file_identity_uses_injected_hash(tiny_model_dir: Path) -> None:
+    seen: list[Path] = []
+
+    def fake_hash(path: Path) -> str:
+        seen.append(path)
+        return "ab" * 32
+
+    spec = resolve_model(tiny_model_dir / "visual.onnx")
+    assert model_identity_digest(spec, "AB" * 32, fake_hash) == "ab" * 32
+    assert seen == [tiny_model_dir / "visual.onnx"]

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from themis_clip import (
+    BackendType,
+    BackendUnavailableError,
+    ModelConfig,
+    OnnxClipPlugin,
+    PluginConfig,
+)
+from themis_clip.errors import InferenceError, ModelFormatError, ModelNotFoundError
+from themis_clip.runtime import (
+    PROVIDER_NAMES,
+    ProviderPlan,
+    SessionSettings,
+    create_session,
+    plan_providers,
+)
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TRT = "TensorrtExecutionProvider"
+DML = "DmlExecutionProvider"
+
+
+def names(plan: ProviderPlan) -> list[str]:
+    return [n for n, _ in plan.providers]
+
+
+def test_auto_probes_in_seed_order() -> None:
+    plans = plan_providers(BackendType.AUTO, [TRT, CUDA, DML, CPU], platform="win32")
+    assert [p.backend for p in plans] == [
+        BackendType.CUDA,
+        BackendType.TENSORRT,
+        BackendType.DIRECTML,
+        BackendType.CPU,
+    ]
+
+
+def test_auto_skips_what_is_missing_and_directml_off_windows() -> None:
+    plans = plan_providers(BackendType.AUTO, [DML, CPU], platform="linux")
+    assert [p.backend for p in plans] == [BackendType.CPU]
+    plans = plan_providers(BackendType.AUTO, [TRT, CPU], platform="linux")
+    assert [p.backend for p in plans] == [BackendType.TENSORRT, BackendType.CPU]
+
+
+def test_tensorrt_precedes_cuda_and_gets_cache_and_fp16() -> None:
+    settings = SessionSettings(tensorrt_cache_dir="/cache/trt", tensorrt_fp16=True, device_id=1)
+    (plan,) = plan_providers(BackendType.TENSORRT, [TRT, CUDA, CPU], settings=settings)
+    assert names(plan) == [TRT, CUDA, CPU]
+    trt_options = dict(plan.providers[0][1])
+    assert trt_options["trt_engine_cache_enable"] == "True"
+    assert trt_options["trt_engine_cache_path"] == "/cache/trt"
+    assert trt_options["trt_fp16_enable"] == "True"
+    assert trt_options["device_id"] == "1"
+
+
+def test_explicit_gpu_backend_missing_is_an_error_not_a_cpu_fallback() -> None:
+    for backend in (BackendType.CUDA, BackendType.TENSORRT, BackendType.ROCM, BackendType.OPENVINO):
+        with pytest.raises(BackendUnavailableError, match=PROVIDER_NAMES[backend]):
+            plan_providers(backend, [CPU], platform="linux")
+
+
+def test_directml_on_linux_falls_back_to_cpu_with_a_note() -> None:
+    (plan,) = plan_providers(BackendType.DIRECTML, [CPU], platform="linux")
+    assert plan.backend is BackendType.CPU
+    assert plan.note and "Windows" in plan.note
+    assert not plan.serialize_runs
+
+
+def test_directml_on_windows_serialises_runs() -> None:
+    (plan,) = plan_providers(BackendType.DIRECTML, [DML, CPU], platform="win32")
+    assert names(plan) == [DML, CPU]
+    assert plan.serialize_runs
+
+
+def test_create_session_reads_io(tiny_model_dir: Path) -> None:
+    (plan,) = plan_providers(BackendType.CPU, [CPU])
+    session = create_session(
+        tiny_model_dir / "visual.onnx", plan, SessionSettings(intra_op_threads=1)
+    )
+    assert session.backend is BackendType.CPU
+    assert session.providers[0] == CPU
+    (inp,) = session.inputs
+    assert inp.name == "pixel_values" and inp.dtype == np.float32
+    assert inp.shape[0] == "batch" and inp.fixed_dim(0) is None and inp.fixed_dim(2) == 32
+    session.close()
+    with pytest.raises(InferenceError, match="closed"):
+        session.run(None, {"pixel_values": np.zeros((1, 3, 32, 32), np.float32)})
+
+
+def test_create_session_errors(tmp_path: Path) -> None:
+    (plan,) = plan_providers(BackendType.CPU, [CPU])
+    with pytest.raises(ModelNotFoundError):
+        create_session(tmp_path / "missing.onnx", plan, SessionSettings())
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not a protobuf")
+    with pytest.raises(ModelFormatError, match="cannot load"):
+        create_session(bad, plan, SessionSettings())
+
+
+def test_run_errors_are_translated(tiny_model_dir: Path) -> None:
+    (plan,) = plan_providers(BackendType.CPU, [CPU])
+    session = create_session(tiny_model_dir / "visual.onnx", plan, SessionSettings())
+    with pytest.raises(InferenceError, match="ONNX Runtime failed"):
+        session.run(None, {"pixel_values": np.zeros((1, 3, 31, 32), np.float32)})
+
+
+def test_a_gpu_plan_that_does_not_hold_is_refused(tiny_model_dir: Path) -> None:
+    # This ORT build has no CUDA: ORT would silently run the session on CPU. We refuse.
+    plan = ProviderPlan(backend=BackendType.CUDA, providers=((CUDA, {}), (CPU, {})))
+    with pytest.raises(BackendUnavailableError, match="runs on CPUExecutionProvider"):
+        create_session(tiny_model_dir / "visual.onnx", plan, SessionSettings())
+
+
+def test_auto_with_injected_gpu_list_probes_and_lands_on_cpu(tiny_model_dir: Path) -> None:
+    # ORT claims CUDA and TensorRT (injected), but neither can start here: AUTO must try both
+    # in order and land on CPU, and get_backend() must report CPU.
+    plugin = OnnxClipPlugin(available_providers=[TRT, CUDA, CPU])
+    assert plugin.initialize(PluginConfig(model=ModelConfig(path=str(tiny_model_dir))))
+    assert plugin.get_backend() is BackendType.CPU
+    assert plugin.get_statistics()["providers"] == [CPU]
+    plugin.shutdown()
+
+
+def test_explicit_cuda_that_cannot_start_fails_initialize(tiny_model_dir: Path) -> None:
+    plugin = OnnxClipPlugin(available_providers=[CUDA, CPU])
+    config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)))
+    assert not plugin.initialize(config, BackendType.CUDA)
+    assert plugin.last_error and "CUDAExecutionProvider" in plugin.last_error
+    assert not plugin.is_ready()
+    plugin_no_cuda = OnnxClipPlugin(available_providers=[CPU])
+    assert not plugin_no_cuda.initialize(config, BackendType.CUDA)
+    assert "does not offer" in (plugin_no_cuda.last_error or "")
+
+
+def test_directml_requested_on_linux_runs_on_cpu(tiny_model_dir: Path) -> None:
+    plugin = OnnxClipPlugin(available_providers=[CPU])
+    assert plugin.initialize(
+        PluginConfig(model=ModelConfig(path=str(tiny_model_dir))), BackendType.DIRECTML
+    )
+    assert plugin.get_backend() is BackendType.CPU
+    plugin.shutdown()
