@@ -92,6 +92,8 @@ class ModelConfig:
         text_path / tokenizer_path: a text tower and its ``tokenizer.json`` when ``path`` is a
             single file.
         variant: which precision variant of a directory to load (``"fp16"``, ``"int8"``).
+        mmap_cache_dir: where memory-mappable copies are cached (default: ``.themis-mmap``
+            beside the model file).
     """
 
     path: str
@@ -102,6 +104,7 @@ class ModelConfig:
     text_path: str | None = None
     tokenizer_path: str | None = None
     variant: str | None = None
+    mmap_cache_dir: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +122,9 @@ class PluginConfig:
         device_id: GPU ordinal for CUDA/TensorRT/DirectML/ROCm.
         drain_timeout_s: how long a hot swap waits for in-flight requests on the old model.
         allow_embedding_space_change: let ``reload_model`` change model identity or dimension.
+        prepack_weights: let ONNX Runtime prepack weight matrices (faster GEMMs, but a private
+            copy of every weight). None: on, except with memory-mapped loading, where the copy
+            would defeat the shared mapping.
     """
 
     model: ModelConfig
@@ -131,6 +137,7 @@ class PluginConfig:
     device_id: int = 0
     drain_timeout_s: float = 30.0
     allow_embedding_space_change: bool = False
+    prepack_weights: bool | None = None
 
     def __post_init__(self) -> None:
         _check_positive(self.max_batch_size, "max_batch_size")
@@ -182,6 +189,7 @@ class PluginConfig:
             text_path=model_r.path("text_path"),
             tokenizer_path=model_r.path("tokenizer_path"),
             variant=model_r.get("variant", str),
+            mmap_cache_dir=model_r.path("mmap_cache_dir"),
         )
         model_r.finish()
         pre_r = r.section("preprocess")
@@ -210,6 +218,7 @@ class PluginConfig:
             device_id=r.get("device_id", int, 0),
             drain_timeout_s=r.number("drain_timeout_s", 30.0),
             allow_embedding_space_change=r.get("allow_embedding_space_change", bool, False),
+            prepack_weights=r.get("prepack_weights", bool),
         )
         r.finish()
         return config

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from themis_clip.errors import (
     ModelMismatchError,
 )
 from themis_clip.interface import BackendType
+from themis_clip.models.external_data import MappingUnavailable, mapped_model
 from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.layout import model_identity_digest, resolve_model
 from themis_clip.models.spec import ModelSpec
@@ -83,7 +85,7 @@ def _check_embedding_output(session: ORTSession, index: int, tower: str) -> int 
     out = session.outputs[index]
     if len(out.shape) == 3:
         raise ModelFormatError(
-            f"{tower} tower {session.path.name} outputs {out.name} of rank 3 {out.shape}: this "
+            f"{tower} tower {session.name} outputs {out.name} of rank 3 {out.shape}: this "
             "looks like a tower-only export (hidden states) without the projection, which gives "
             "no CLIP embeddings; export the full model with `themis-clip export`"
         )
@@ -102,7 +104,7 @@ class VisualTower:
         if len(session.inputs) != 1 or not floats or len(floats[0].shape) != 4:
             described = ", ".join(f"{i.name}{list(i.shape)} {i.dtype}" for i in session.inputs)
             raise ModelFormatError(
-                f"image tower {session.path.name} must take one float tensor [N, 3, S, S]; it "
+                f"image tower {session.name} must take one float tensor [N, 3, S, S]; it "
                 f"takes {described} (a joint text+image model? use separate towers)"
             )
         self.session = session
@@ -139,7 +141,7 @@ class TextualTower:
             ids = next((i for i in ints if i.name not in _MASK_NAMES), None)
         if ids is None or len(ids.shape) != 2:
             raise ModelFormatError(
-                f"text tower {session.path.name} must take integer token ids [N, L]; it takes "
+                f"text tower {session.name} must take integer token ids [N, L]; it takes "
                 + ", ".join(f"{i.name}{list(i.shape)} {i.dtype}" for i in session.inputs)
             )
         self.ids = ids
@@ -147,7 +149,7 @@ class TextualTower:
         others = [i.name for i in session.inputs if i is not ids and i is not self.mask]
         if others:
             raise ModelFormatError(
-                f"text tower {session.path.name} needs inputs we cannot provide: {others} "
+                f"text tower {session.name} needs inputs we cannot provide: {others} "
                 "(a joint text+image model? use separate towers)"
             )
         self.session = session
@@ -191,7 +193,7 @@ def _check_shape(
 ) -> npt.NDArray[np.float32]:
     if out.ndim != 2 or out.shape[0] != n:
         raise InferenceError(
-            f"{session.path.name} returned shape {out.shape}, expected [{n}, embedding_dim]"
+            f"{session.name} returned shape {out.shape}, expected [{n}, embedding_dim]"
         )
     return out
 
@@ -236,6 +238,7 @@ class ClipModel:
         self.backend: BackendType = visual.session.backend
         self.providers = visual.session.providers
         self.generation = 0
+        self.loading_note: str | None = None
         self._in_flight = 0
         self._retired = False
         self._closed = False
@@ -291,11 +294,21 @@ class ClipModel:
             available if available is not None else available_providers(),
             settings=settings,
         )
+        sources = {
+            tower: _session_source(path, mc.enable_mmap_loading, mc.mmap_cache_dir, hash_fn)
+            for tower, path in (("visual", spec.visual_path), ("textual", spec.textual_path))
+            if path is not None
+        }
+        load_path, mode, note = sources["visual"]
+        prepack = config.prepack_weights if config.prepack_weights is not None else mode != "mmap"
+        settings = replace(settings, prepack_weights=prepack)
         visual_session: ORTSession | None = None
         failures: list[str] = []
         for plan in plans:
             try:
-                visual_session = session_factory(spec.visual_path, plan, settings)
+                visual_session = session_factory(
+                    load_path, plan, settings, loading_mode=mode, name=spec.visual_path.name
+                )
             except BackendUnavailableError as exc:
                 failures.append(str(exc))
                 log.warning("backend %s unusable: %s", plan.backend.value, exc)
@@ -314,7 +327,11 @@ class ClipModel:
                 tokenizer = CLIPTokenizer(
                     spec.tokenizer_path, context_length=spec.context_length, pad_id=spec.pad_id
                 )
-                text_session = session_factory(spec.textual_path, chosen, settings)
+                t_path, t_mode, t_note = sources["textual"]
+                note = note or t_note
+                text_session = session_factory(
+                    t_path, chosen, settings, loading_mode=t_mode, name=spec.textual_path.name
+                )
                 sessions.append(text_session)
                 textual = TextualTower(text_session, tokenizer, config.max_batch_size)
             dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
@@ -337,7 +354,7 @@ class ClipModel:
             visual.session.backend.value,
             "yes" if textual else "no",
         )
-        return cls(
+        model = cls(
             spec=spec,
             identity=identity,
             visual=visual,
@@ -345,6 +362,8 @@ class ClipModel:
             preprocessor=preprocessor,
             config=config,
         )
+        model.loading_note = note
+        return model
 
     # -- in-flight accounting ------------------------------------------------------------------
 
@@ -411,6 +430,21 @@ class ClipModel:
                 f"expected {self.identity.embedding_dim}"
             )
         return out
+
+
+def _session_source(
+    path: Path, mmap: bool, cache_dir: str | None, hash_fn: HashFunction
+) -> tuple[Path, str, str | None]:
+    """What ONNX Runtime should load for ``path``: ``(file, loading mode, fallback reason)``."""
+    if not mmap:
+        return path, "path", None
+    cache_root = Path(cache_dir) if cache_dir else path.parent / ".themis-mmap"
+    try:
+        return mapped_model(path, hash_fn(path), cache_root), "mmap", None
+    except MappingUnavailable as exc:
+        reason = f"memory-mapped loading unavailable for {path.name}, loaded from path: {exc}"
+        log.warning("%s", reason)
+        return path, "path", reason
 
 
 def _resolve_dim(

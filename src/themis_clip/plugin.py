@@ -319,6 +319,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             generation=model.generation if model else 0,
             in_flight=model.in_flight if model else 0,
             loading_mode=model.visual.session.loading_mode if model else None,
+            loading_note=model.loading_note if model else None,
             last_health_check=self._last_health,
             last_reload_error=self._last_reload_error,
             **self._reload_counts,

@@ -94,6 +94,7 @@ class SessionSettings:
     device_id: int = 0
     tensorrt_cache_dir: str | None = None
     tensorrt_fp16: bool = False
+    prepack_weights: bool = True
 
 
 def available_providers() -> list[str]:
@@ -198,6 +199,7 @@ class ORTSession:
     backend: BackendType
     path: Path
     loading_mode: str
+    name: str
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     providers: tuple[str, ...]
@@ -210,14 +212,14 @@ class ORTSession:
         """Run the session; ONNX Runtime failures become :class:`InferenceError`."""
         session = self.session
         if session is None:
-            raise InferenceError(f"session for {self.path.name} is closed")
+            raise InferenceError(f"session for {self.name} is closed")
         try:
             if self._lock is not None:
                 with self._lock:
                     return list(session.run(output_names, dict(feeds)))
             return list(session.run(output_names, dict(feeds)))
         except Exception as exc:  # ORT raises pybind11 types that share no useful base
-            raise InferenceError(f"{self.path.name}: ONNX Runtime failed: {exc}") from exc
+            raise InferenceError(f"{self.name}: ONNX Runtime failed: {exc}") from exc
 
     def close(self) -> None:
         """Drop the session; later ``run`` calls fail cleanly."""
@@ -230,8 +232,17 @@ def create_session(
     path: Path,
     plan: ProviderPlan,
     settings: SessionSettings,
+    *,
+    loading_mode: str = "path",
+    name: str | None = None,
 ) -> ORTSession:
     """Create a session under ``plan`` and check that its first provider really holds.
+
+    Args:
+        path: the ONNX file ONNX Runtime loads (for ``"mmap"``, the converted graph whose
+            page-aligned external weights ONNX Runtime maps instead of reading).
+        plan: providers to use. settings: thread and provider options.
+        loading_mode: reported in statistics. name: how errors name the model file.
 
     Raises:
         ModelNotFoundError: the file is missing.
@@ -247,6 +258,8 @@ def create_session(
     options.log_severity_level = 3
     if settings.intra_op_threads is not None:
         options.intra_op_num_threads = settings.intra_op_threads
+    if not settings.prepack_weights:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     if plan.serialize_runs:
         options.enable_mem_pattern = False
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -259,7 +272,7 @@ def create_session(
     except Exception as exc:  # InvalidProtobuf, InvalidGraph, Fail, ... (pybind11 types)
         if plan.backend is not BackendType.CPU and "Provider" in str(exc):
             raise BackendUnavailableError(f"{names[0]} failed to initialise: {exc}") from exc
-        raise ModelFormatError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+        raise ModelFormatError(f"ONNX Runtime cannot load {name or path}: {exc}") from exc
     used = tuple(session.get_providers())
     if not used or used[0] != names[0]:
         raise BackendUnavailableError(
@@ -268,12 +281,15 @@ def create_session(
         )
     inputs = tuple(_info(x) for x in session.get_inputs())
     outputs = tuple(_info(x) for x in session.get_outputs())
-    log.info("loaded %s on %s (%s)", path.name, used[0], plan.backend.value)
+    log.info(
+        "loaded %s on %s (%s, %s)", name or path.name, used[0], plan.backend.value, loading_mode
+    )
     return ORTSession(
         session=session,
         backend=_BACKEND_OF_PROVIDER.get(used[0], plan.backend),
         path=path,
-        loading_mode="path",
+        loading_mode=loading_mode,
+        name=name or path.name,
         inputs=inputs,
         outputs=outputs,
         providers=used,
