@@ -81,8 +81,17 @@ def _pick_output(session: ORTSession, preferred: Sequence[str]) -> int:
     return 0
 
 
+_TOWER_ONLY_OUTPUTS = frozenset({"last_hidden_state", "pooler_output"})
+
+
 def _check_embedding_output(session: ORTSession, index: int, tower: str) -> int | None:
     out = session.outputs[index]
+    if out.name in _TOWER_ONLY_OUTPUTS:
+        raise ModelFormatError(
+            f"{tower} tower {session.name} outputs {', '.join(o.name for o in session.outputs)}: "
+            "a tower-only export (e.g. optimum's clip_vision_model) without the projection "
+            "gives no CLIP embeddings; export the full model with `themis-clip export`"
+        )
     if len(out.shape) == 3:
         raise ModelFormatError(
             f"{tower} tower {session.name} outputs {out.name} of rank 3 {out.shape}: this "
@@ -336,11 +345,14 @@ class ClipModel:
                 textual = TextualTower(text_session, tokenizer, config.max_batch_size)
             dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
             image_spec = _resolve_image_spec(spec, config, visual)
-            preprocessor = ImagePreprocessor(
-                image_spec,
-                apply_exif=config.preprocess.apply_exif,
-                max_image_pixels=config.preprocess.max_image_pixels,
-            )
+            try:
+                preprocessor = ImagePreprocessor(
+                    image_spec,
+                    apply_exif=config.preprocess.apply_exif,
+                    max_image_pixels=config.preprocess.max_image_pixels,
+                )
+            except ValueError as exc:
+                raise ModelFormatError(f"{spec.root}: {exc}") from exc
         except BaseException:
             for s in sessions:
                 s.close()
@@ -475,7 +487,8 @@ def _resolve_dim(
 def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> Any:
     pre = config.preprocess
     image = spec.image
-    if spec.layout == "file" and visual.graph_image_size and pre.image_size is None:
+    declares_size = spec.layout in ("themis", "immich", "transformers.js")
+    if not declares_size and visual.graph_image_size and pre.image_size is None:
         image = replace(image, image_size=visual.graph_image_size)
     image = replace(
         image,

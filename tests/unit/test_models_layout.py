@@ -47,7 +47,7 @@ def test_single_file_with_text_tower(tiny_model_dir: Path) -> None:
 def test_missing_paths(tmp_path: Path, tiny_model_dir: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="not found"):
         resolve_model(tmp_path / "nothing")
-    with pytest.raises(ModelFormatError, match="without manifest.json"):
+    with pytest.raises(ModelFormatError, match="holds no model layout we know"):
         resolve_model(tmp_path)
     with pytest.raises(ModelNotFoundError):
         resolve_model(tiny_model_dir / "visual.onnx", text_path=tmp_path / "t.onnx")

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
+from themis_clip.models.peers import detect_peer_layout
 from themis_clip.models.spec import ImageSpec, ModelSpec
 
 __all__ = [
@@ -35,6 +38,8 @@ __all__ = [
     "resolve_model",
     "write_manifest",
 ]
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "themis-clip-model"
@@ -60,13 +65,20 @@ def resolve_model(
         raise ModelNotFoundError(f"model path not found: {root}")
     if root.is_dir():
         manifest = root / MANIFEST_NAME
-        if not manifest.is_file():
-            raise ModelFormatError(
-                f"{root} is a directory without {MANIFEST_NAME}; expected this project's model "
-                "layout (manifest.json, visual.onnx, textual.onnx, tokenizer.json) or a path to "
-                "an image-tower .onnx file"
-            )
-        spec = _from_manifest(manifest, variant=variant, name=name)
+        if manifest.is_file():
+            spec = _from_manifest(manifest, variant=variant, name=name)
+        else:
+            peer = detect_peer_layout(root, variant=variant, name=name)
+            if peer is None:
+                raise ModelFormatError(
+                    f"{root} holds no model layout we know: expected this project's "
+                    f"({MANIFEST_NAME}, visual.onnx, textual.onnx, tokenizer.json), immich's, "
+                    "transformers.js's, clip-as-service's or lakera's; or give the path of an "
+                    "image-tower .onnx file"
+                )
+            spec = peer
+            if tokenizer_path:
+                spec = replace(spec, tokenizer_path=Path(tokenizer_path))
     else:
         if variant not in (None, "fp32"):
             raise ModelFormatError(
@@ -92,7 +104,17 @@ def resolve_model(
         if file is not None and not file.is_file():
             raise ModelNotFoundError(f"model file not found: {file}")
     if spec.textual_path is not None and spec.tokenizer_path is None:
-        raise ModelFormatError(f"text tower {spec.textual_path} has no tokenizer.json beside it")
+        if spec.layout in ("file", "themis"):
+            raise ModelFormatError(
+                f"text tower {spec.textual_path} has no tokenizer.json beside it"
+            )
+        log.warning(
+            "%s: text tower %s has no tokenizer.json; loading image-only (set "
+            "model.tokenizer_path to embed text)",
+            spec.layout,
+            spec.textual_path.name,
+        )
+        spec = replace(spec, textual_path=None)
     return spec
 
 
@@ -170,6 +192,7 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
         mean=visual.triple("mean") or CLIP_MEAN,
         std=visual.triple("std") or CLIP_STD,
         resize_mode=visual.resize_mode(),
+        interpolation=visual.get("interpolation", str) or "bicubic",
     )
     tokenizer = (textual.get("tokenizer", str) or "tokenizer.json") if textual.present else None
     return ModelSpec(

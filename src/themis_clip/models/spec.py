@@ -19,6 +19,7 @@ class ImageSpec:
     mean: tuple[float, float, float] = CLIP_MEAN
     std: tuple[float, float, float] = CLIP_STD
     resize_mode: ResizeMode = ResizeMode.SHORTEST
+    interpolation: str = "bicubic"
     fill: tuple[int, int, int] = (0, 0, 0)
 
 

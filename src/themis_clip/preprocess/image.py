@@ -39,6 +39,14 @@ __all__ = ["ImagePreprocessor", "decode_image", "preprocess_image"]
 log = logging.getLogger(__name__)
 
 _HIGH_DEPTH_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I", "F"})
+RESAMPLING = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+    "box": Image.Resampling.BOX,
+    "hamming": Image.Resampling.HAMMING,
+}
 
 
 def decode_image(
@@ -147,7 +155,7 @@ def _to_8bit(img: Image.Image) -> Image.Image:
 def _resize_crop(img: Image.Image, spec: ImageSpec) -> Image.Image:
     size = spec.image_size
     width, height = img.size
-    bicubic = Image.Resampling.BICUBIC
+    bicubic = RESAMPLING[spec.interpolation]
     if spec.resize_mode is ResizeMode.SQUASH:
         img = img.resize((size, size), bicubic)
     elif spec.resize_mode is ResizeMode.LONGEST:
@@ -183,6 +191,11 @@ class ImagePreprocessor:
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __post_init__(self) -> None:
+        if self.spec.interpolation not in RESAMPLING:
+            raise ValueError(
+                f"unsupported interpolation {self.spec.interpolation!r}; "
+                f"supported: {', '.join(RESAMPLING)}"
+            )
         std = np.asarray(self.spec.std, dtype=np.float64)
         mean = np.asarray(self.spec.mean, dtype=np.float64)
         object.__setattr__(

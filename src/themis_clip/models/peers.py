@@ -1,0 +1,225 @@
+"""Model directories exported by other projects, loaded as they are (REFERENCE.md §3).
+
+=================  =========================================================================
+layout             recognised by
+=================  =========================================================================
+``immich``         ``visual/model.onnx`` (+ ``textual/model.onnx``, ``textual/tokenizer.json``),
+                   ``config.json`` (``embed_dim``, ``text_cfg.context_length``),
+                   ``visual/preprocess_cfg.json`` (size, mean, std, interpolation,
+                   resize_mode); batch fixed at 1, outputs already normalised
+``transformers.js`` ``onnx/vision_model.onnx`` (+ ``onnx/text_model.onnx``) with dtype-suffixed
+                   variants (``_fp16``, ``_int8``, ``_quantized``, ``_q4``, ...),
+                   ``preprocessor_config.json``, ``tokenizer.json``, ``config.json``
+``clip-as-service`` ``visual.onnx`` (+ ``textual.onnx``) without a manifest
+``lakera``         ``clip_image_model_*.onnx`` (+ ``clip_text_model_*.onnx``)
+=================  =========================================================================
+
+Names, dtypes and batch axes are read from the sessions later (``engine``); this module only
+finds the files and the preprocessing/tokenizer settings the directory declares. A text tower
+without a ``tokenizer.json`` (clip-as-service and lakera ship theirs outside the model folder)
+is loaded image-only unless ``model.tokenizer_path`` names one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
+from themis_clip.errors import ModelFormatError
+from themis_clip.models.spec import ImageSpec, ModelSpec
+
+__all__ = ["XENOVA_SUFFIXES", "detect_peer_layout"]
+
+#: transformers.js file suffix per variant name.
+XENOVA_SUFFIXES = {
+    "fp32": "",
+    "fp16": "_fp16",
+    "int8": "_int8",
+    "uint8": "_uint8",
+    "quantized": "_quantized",
+    "q4": "_q4",
+    "q4f16": "_q4f16",
+    "bnb4": "_bnb4",
+}
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def _json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{path} must hold a JSON object")
+    return data
+
+
+def _size(value: Any, where: Path) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("shortest_edge") or value.get("height")
+    if isinstance(value, list | tuple):
+        if len(value) != 2 or value[0] != value[1]:
+            raise ModelFormatError(f"{where}: only square model inputs are supported, got {value}")
+        value = value[0]
+    if not isinstance(value, int) or value <= 0:
+        raise ModelFormatError(f"{where}: image size must be a positive integer, got {value!r}")
+    return value
+
+
+def _triple(
+    value: Any, default: tuple[float, float, float], where: Path
+) -> tuple[float, float, float]:
+    if value is None:
+        return default
+    if isinstance(value, int | float):
+        return (float(value),) * 3
+    if (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(isinstance(v, int | float) for v in value)
+    ):
+        return (float(value[0]), float(value[1]), float(value[2]))
+    raise ModelFormatError(f"{where}: mean/std must be three numbers, got {value!r}")
+
+
+def _resize_mode(value: Any, where: Path) -> ResizeMode:
+    try:
+        return ResizeMode(value or "shortest")
+    except ValueError:
+        raise ModelFormatError(f"{where}: unknown resize_mode {value!r}") from None
+
+
+def _tokenizer(*candidates: Path) -> Path | None:
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _immich(root: Path, variant: str | None, name: str | None) -> ModelSpec:
+    _no_variants(root, variant, "immich")
+    cfg = _json(root / "config.json")
+    pre_path = root / "visual" / "preprocess_cfg.json"
+    pre = _json(pre_path)
+    textual = root / "textual" / "model.onnx"
+    text_cfg: dict[str, Any] = cfg["text_cfg"] if isinstance(cfg.get("text_cfg"), dict) else {}
+    return ModelSpec(
+        name=name or root.name,
+        layout="immich",
+        root=root,
+        visual_path=root / "visual" / "model.onnx",
+        textual_path=textual if textual.is_file() else None,
+        tokenizer_path=_tokenizer(root / "textual" / "tokenizer.json"),
+        embedding_dim=cfg.get("embed_dim") if isinstance(cfg.get("embed_dim"), int) else None,
+        image=ImageSpec(
+            image_size=_size(pre.get("size"), pre_path) or 224,
+            mean=_triple(pre.get("mean"), CLIP_MEAN, pre_path),
+            std=_triple(pre.get("std"), CLIP_STD, pre_path),
+            resize_mode=_resize_mode(pre.get("resize_mode"), pre_path),
+            interpolation=str(pre.get("interpolation") or "bicubic"),
+        ),
+        context_length=int(text_cfg.get("context_length") or 77),
+    )
+
+
+def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
+    chosen = variant or "fp32"
+    if chosen not in XENOVA_SUFFIXES:
+        raise ModelFormatError(
+            f"{root}: unknown variant {chosen!r}; known: {', '.join(XENOVA_SUFFIXES)}"
+        )
+    suffix = XENOVA_SUFFIXES[chosen]
+    visual = root / "onnx" / f"vision_model{suffix}.onnx"
+    if not visual.is_file():
+        present = sorted(
+            v
+            for v, s in XENOVA_SUFFIXES.items()
+            if (root / "onnx" / f"vision_model{s}.onnx").is_file()
+        )
+        raise ModelFormatError(f"{root}: no variant {chosen!r}; available: {', '.join(present)}")
+    textual = root / "onnx" / f"text_model{suffix}.onnx"
+    cfg = _json(root / "config.json")
+    pre_path = root / "preprocessor_config.json"
+    pre = _json(pre_path)
+    text_cfg: dict[str, Any] = (
+        cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
+    )
+    crop = pre.get("do_center_crop", True)
+    size = _size(pre.get("crop_size") if crop else pre.get("size"), pre_path)
+    return ModelSpec(
+        name=name or cfg.get("_name_or_path") or root.name,
+        layout="transformers.js",
+        root=root,
+        visual_path=visual,
+        textual_path=textual if textual.is_file() else None,
+        tokenizer_path=_tokenizer(root / "tokenizer.json"),
+        embedding_dim=cfg.get("projection_dim")
+        if isinstance(cfg.get("projection_dim"), int)
+        else None,
+        image=ImageSpec(
+            image_size=size or 224,
+            mean=_triple(pre.get("image_mean"), CLIP_MEAN, pre_path),
+            std=_triple(pre.get("image_std"), CLIP_STD, pre_path),
+            resize_mode=ResizeMode.SHORTEST if crop else ResizeMode.SQUASH,
+            interpolation=_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
+        ),
+        context_length=int(text_cfg.get("max_position_embeddings") or 77),
+        variant=chosen,
+    )
+
+
+def _clip_as_service(root: Path, variant: str | None, name: str | None) -> ModelSpec:
+    _no_variants(root, variant, "clip-as-service")
+    textual = root / "textual.onnx"
+    return ModelSpec(
+        name=name or root.name,
+        layout="clip-as-service",
+        root=root,
+        visual_path=root / "visual.onnx",
+        textual_path=textual if textual.is_file() else None,
+        tokenizer_path=_tokenizer(root / "tokenizer.json"),
+    )
+
+
+def _lakera(root: Path, variant: str | None, name: str | None) -> ModelSpec:
+    _no_variants(root, variant, "lakera")
+    visual = sorted(root.glob("clip_image_model_*.onnx"))[0]
+    tag = visual.stem.removeprefix("clip_image_model_")
+    textual = root / f"clip_text_model_{tag}.onnx"
+    return ModelSpec(
+        name=name or f"lakera-{tag}",
+        layout="lakera",
+        root=root,
+        visual_path=visual,
+        textual_path=textual if textual.is_file() else None,
+        tokenizer_path=_tokenizer(root / "tokenizer.json"),
+    )
+
+
+def _no_variants(root: Path, variant: str | None, layout: str) -> None:
+    if variant not in (None, "fp32"):
+        raise ModelFormatError(
+            f"{root} ({layout} layout) has no precision variants; got {variant!r}"
+        )
+
+
+_DETECTORS: list[
+    tuple[str, Callable[[Path], bool], Callable[[Path, str | None, str | None], ModelSpec]]
+] = [
+    ("immich", lambda r: (r / "visual" / "model.onnx").is_file(), _immich),
+    ("transformers.js", lambda r: any((r / "onnx").glob("vision_model*.onnx")), _xenova),
+    ("clip-as-service", lambda r: (r / "visual.onnx").is_file(), _clip_as_service),
+    ("lakera", lambda r: any(r.glob("clip_image_model_*.onnx")), _lakera),
+]
+
+
+def detect_peer_layout(root: Path, *, variant: str | None, name: str | None) -> ModelSpec | None:
+    """The spec of a peer project's model directory, or None if no known layout matches."""
+    for _, matches, build in _DETECTORS:
+        if matches(root):
+            return build(root, variant, name)
+    return None
