@@ -87,6 +87,24 @@ def _parser() -> argparse.ArgumentParser:
     model_args(p)
     p.set_defaults(func=_cmd_health)
 
+    p = sub.add_parser("export", help="export a transformers CLIP checkpoint to a model directory")
+    p.add_argument("checkpoint", help="local CLIPModel.save_pretrained folder")
+    p.add_argument("out", help="model directory to write")
+    p.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8")
+    p.add_argument("--name", help="model name in the manifest (default: the checkpoint folder)")
+    p.add_argument(
+        "--external-data-threshold-mb",
+        type=float,
+        default=2048,
+        help="store weights in <file>.data above this size (default 2048)",
+    )
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("verify", help="compare an exported model with its PyTorch checkpoint")
+    p.add_argument("model_dir")
+    p.add_argument("--reference", required=True, help="the transformers checkpoint it came from")
+    p.set_defaults(func=_cmd_verify)
+
     p = sub.add_parser(
         "demo", help="the main job on the embedded defaults: embed a generated gallery"
     )
@@ -172,6 +190,55 @@ def _cmd_health(args: argparse.Namespace) -> int:
     finally:
         plugin.shutdown()
     return 0 if ok else 1
+
+
+def _export_modules() -> tuple[Any, Any]:
+    try:
+        from themis_clip.export import hf, verify
+    except ImportError as exc:
+        raise CLIError(
+            f"exporting needs the export extra ({exc.name} is missing): "
+            "pip install 'themis-onnx-clip[export]'"
+        ) from exc
+    return hf, verify
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    hf, _ = _export_modules()
+    checkpoint, out = Path(args.checkpoint), Path(args.out)
+    if not (checkpoint / "config.json").is_file():
+        raise CLIError(f"{checkpoint} is not a transformers checkpoint folder (no config.json)")
+    if out.exists() and any(out.iterdir()):
+        raise CLIError(f"{out} exists and is not empty")
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    try:
+        report = hf.export_hf_checkpoint(
+            checkpoint,
+            out,
+            precisions=precisions,
+            name=args.name,
+            external_data_threshold_bytes=int(args.external_data_threshold_mb * 2**20),
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from exc
+    print(f"exported {report.name}: {report.embedding_dim}-d, {report.image_size} px -> {out}")
+    for name, size in report.files.items():
+        print(f"  {name:28} {size / 2**20:9.2f} MiB")
+    print("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in report.seconds.items()))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    _, verify = _export_modules()
+    rows = verify.verify_model(Path(args.model_dir), Path(args.reference))
+    header = ("variant", "modality", "items", "min cosine", "max |diff|", "needed", "ok")
+    print("{:8} {:8} {:>5} {:>12} {:>11} {:>8}  {}".format(*header))
+    for r in rows:
+        print(
+            f"{r.variant:8} {r.modality:8} {r.items:5d} {r.min_cosine:12.7f} "
+            f"{r.max_abs_diff:11.2e} {r.threshold:8.5f}  {'yes' if r.ok else 'NO'}"
+        )
+    return 0 if all(r.ok for r in rows) else 1
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -24,8 +24,8 @@ from themis_clip.errors import ModelFormatError, TextInputError
 
 __all__ = ["EOT_TOKEN", "SOT_TOKEN", "CLIPTokenizer", "TokenBatch"]
 
-SOT_TOKEN = "<|startoftext|>"  # noqa: S105 - a token, not a password
-EOT_TOKEN = "<|endoftext|>"  # noqa: S105
+SOT_TOKEN = "<|startoftext|>"
+EOT_TOKEN = "<|endoftext|>"
 _WHITESPACE = re.compile(r"\s+")
 
 

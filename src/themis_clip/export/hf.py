@@ -1,0 +1,353 @@
+"""Export a Hugging Face ``transformers`` CLIP checkpoint into this project's model directory.
+
+Input: a local ``CLIPModel.save_pretrained`` folder (``config.json``, weights, tokenizer files,
+``preprocessor_config.json``). Output::
+
+    visual.onnx     pixel_values [N,3,S,S] float32 → image_embeds [N,D] (with the projection)
+    textual.onnx    input_ids [N,L] int64 → text_embeds [N,D]; N and L dynamic
+    tokenizer.json  the checkpoint's fast tokenizer
+    manifest.json   embedding dim, image size, mean/std, resize mode, interpolation,
+                    context length, pad id, variants, SHA-256 of every file
+
+``precisions`` adds ``fp16`` (weights and compute in half precision, inputs/outputs kept float32:
+for GPUs) and ``int8`` (ONNX Runtime dynamic quantisation: for CPUs) as manifest variants.
+Towers whose weights exceed ``external_data_threshold_bytes`` (2 GB by default, the protobuf
+limit) store them in ``<file>.data`` beside the graph.
+
+Needs the ``[export]`` extra (torch, transformers, onnx, onnxscript); the core never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from themis_clip.config import CLIP_MEAN, CLIP_STD
+from themis_clip.models.layout import write_manifest
+
+__all__ = [
+    "PRECISIONS",
+    "ExportReport",
+    "create_random_checkpoint",
+    "export_hf_checkpoint",
+    "load_reference",
+]
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "int8")
+TWO_GB = 2 * 1024**3
+_OPSET = 18
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportReport:
+    out_dir: Path
+    name: str
+    embedding_dim: int
+    image_size: int
+    files: dict[str, int] = field(default_factory=dict)  # file → bytes
+    seconds: dict[str, float] = field(default_factory=dict)  # step → seconds
+
+
+class _Visual(torch.nn.Module):
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        out = self.model.get_image_features(pixel_values=pixel_values)
+        return out if torch.is_tensor(out) else out.pooler_output
+
+
+class _Textual(torch.nn.Module):
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # CLIP's text tower is causal and pools at EOT: trailing padding needs no mask.
+        out = self.model.get_text_features(input_ids=input_ids)
+        return out if torch.is_tensor(out) else out.pooler_output
+
+
+def load_reference(checkpoint: Path) -> Any:
+    """The checkpoint as a PyTorch ``CLIPModel`` in eval mode (the parity reference)."""
+    from transformers import CLIPModel
+
+    return CLIPModel.from_pretrained(str(checkpoint), local_files_only=True).eval()
+
+
+def export_hf_checkpoint(
+    checkpoint: Path,
+    out_dir: Path,
+    *,
+    precisions: Sequence[str] = ("fp32",),
+    name: str | None = None,
+    external_data_threshold_bytes: int = TWO_GB,
+) -> ExportReport:
+    """Export ``checkpoint`` into ``out_dir`` (created; must not hold another model)."""
+    unknown = set(precisions) - set(PRECISIONS)
+    if unknown or "fp32" not in precisions:
+        raise ValueError(
+            f"precisions must include fp32 and be among {PRECISIONS}; got {list(precisions)}"
+        )
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = load_reference(checkpoint)
+    cfg = model.config
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok_file, pad_id = _tokenizer(checkpoint, out_dir)
+    pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
+    timings["load_s"] = time.perf_counter() - t0
+    size = pre["image_size"]
+    ctx = int(cfg.text_config.max_position_embeddings)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        _export(
+            _Visual(model),
+            (torch.zeros(2, 3, size, size),),
+            ["pixel_values"],
+            "image_embeds",
+            {"pixel_values": {0: torch.export.Dim("batch")}},
+            out_dir / "visual.onnx",
+            external_data_threshold_bytes,
+        )
+        timings["visual_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ids = torch.full((2, 7), int(cfg.text_config.eos_token_id), dtype=torch.int64)
+        _export(
+            _Textual(model),
+            (ids,),
+            ["input_ids"],
+            "text_embeds",
+            {
+                "input_ids": {
+                    0: torch.export.Dim("batch"),
+                    1: torch.export.Dim("sequence", min=2, max=ctx),
+                }
+            },
+            out_dir / "textual.onnx",
+            external_data_threshold_bytes,
+        )
+        timings["textual_s"] = time.perf_counter() - t0
+    variants: dict[str, dict[str, str]] = {}
+    for precision in precisions:
+        if precision == "fp32":
+            continue
+        t0 = time.perf_counter()
+        variants[precision] = {}
+        for tower in ("visual", "textual"):
+            target = out_dir / f"{tower}.{precision}.onnx"
+            _convert(out_dir / f"{tower}.onnx", target, precision, external_data_threshold_bytes)
+            variants[precision][tower] = target.name
+        timings[f"{precision}_s"] = time.perf_counter() - t0
+    dim = int(cfg.projection_dim)
+    model_name = name or checkpoint.name
+    write_manifest(
+        out_dir,
+        name=model_name,
+        embedding_dim=dim,
+        visual={k: v for k, v in pre.items() if k != "image_size"}
+        | {"file": "visual.onnx", "image_size": size},
+        textual={
+            "file": "textual.onnx",
+            "tokenizer": tok_file.name,
+            "context_length": ctx,
+            "pad_id": pad_id,
+        },
+        variants=variants,
+        extra={"source": {"kind": "transformers", "checkpoint": checkpoint.name}},
+    )
+    files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
+    return ExportReport(
+        out_dir=out_dir,
+        name=model_name,
+        embedding_dim=dim,
+        image_size=size,
+        files=files,
+        seconds=timings,
+    )
+
+
+def _export(
+    module: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_name: str,
+    dynamic_shapes: dict[str, Any],
+    target: Path,
+    threshold: int,
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "raw.onnx"
+        torch.onnx.export(
+            module,
+            args,
+            str(raw),
+            input_names=input_names,
+            output_names=[output_name],
+            dynamic_shapes=dynamic_shapes,
+            opset_version=_OPSET,
+            dynamo=True,
+            verbose=False,
+        )
+        _save(onnx.load(str(raw)), target, threshold)
+
+
+def _save(model: onnx.ModelProto, target: Path, threshold: int) -> None:
+    """Save ``model``, moving its weights to ``<target>.data`` above ``threshold`` bytes."""
+    weights = sum(len(t.raw_data) for t in model.graph.initializer)
+    for stale in (target, target.with_name(target.name + ".data")):
+        stale.unlink(missing_ok=True)
+    if weights > threshold:
+        onnx.save_model(
+            model,
+            str(target),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=target.name + ".data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save_model(model, str(target))
+
+
+def _convert(source: Path, target: Path, precision: str, threshold: int) -> None:
+    if precision == "fp16":
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
+        _save(model, target, threshold)
+    elif precision == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "q.onnx"
+            quantize_dynamic(
+                str(source), str(out), weight_type=QuantType.QInt8, use_external_data_format=False
+            )
+            _save(onnx.load(str(out)), target, threshold)
+
+
+def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
+    target = out_dir / "tokenizer.json"
+    if (checkpoint / "tokenizer.json").is_file():
+        shutil.copy(checkpoint / "tokenizer.json", target)
+    else:  # only vocab.json + merges.txt: let transformers build the fast tokenizer file
+        from transformers import AutoTokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:
+            AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True).save_pretrained(
+                tmp
+            )
+            shutil.copy(Path(tmp) / "tokenizer.json", target)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(target))
+    pad_id = 0
+    config = checkpoint / "tokenizer_config.json"
+    if config.is_file():
+        pad = json.loads(config.read_text("utf-8")).get("pad_token")
+        if isinstance(pad, dict):
+            pad = pad.get("content")
+        found = tok.token_to_id(pad) if isinstance(pad, str) else None
+        if found is not None:
+            pad_id = int(found)
+    return target, pad_id
+
+
+def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
+    path = checkpoint / "preprocessor_config.json"
+    pre = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+    crop = pre.get("crop_size", default_size)
+    if isinstance(crop, dict):
+        crop = crop.get("height", default_size)
+    return {
+        "image_size": int(crop),
+        "mean": list(pre.get("image_mean", CLIP_MEAN)),
+        "std": list(pre.get("image_std", CLIP_STD)),
+        "resize_mode": "shortest" if pre.get("do_center_crop", True) else "squash",
+        "interpolation": _RESAMPLE.get(pre.get("resample", 3), "bicubic"),
+    }
+
+
+def create_random_checkpoint(
+    out_dir: Path,
+    tokenizer_json: Path,
+    *,
+    image_size: int = 32,
+    patch: int = 8,
+    vision_width: int = 64,
+    vision_layers: int = 2,
+    vision_heads: int = 4,
+    text_width: int = 64,
+    text_layers: int = 2,
+    text_heads: int = 4,
+    projection_dim: int = 32,
+    context_length: int = 77,
+    seed: int = 0,
+) -> Path:
+    """Save a random-weight ``CLIPModel`` with tokenizer and processor files (tests, benchmarks).
+
+    The architecture is CLIP's (quick_gelu, pre-LN); pass ViT-B/32 sizes for a benchmark model.
+    """
+    from tokenizers import Tokenizer
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    sot, eot = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
+    cfg = CLIPConfig(
+        text_config={
+            "vocab_size": tok.get_vocab_size(),
+            "hidden_size": text_width,
+            "intermediate_size": 4 * text_width,
+            "num_hidden_layers": text_layers,
+            "num_attention_heads": text_heads,
+            "max_position_embeddings": context_length,
+            "bos_token_id": sot,
+            "eos_token_id": eot,
+            "pad_token_id": eot,
+        },
+        vision_config={
+            "hidden_size": vision_width,
+            "intermediate_size": 4 * vision_width,
+            "num_hidden_layers": vision_layers,
+            "num_attention_heads": vision_heads,
+            "image_size": image_size,
+            "patch_size": patch,
+        },
+        projection_dim=projection_dim,
+    )
+    torch.manual_seed(seed)
+    model = CLIPModel(cfg).eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_json),
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.save_pretrained(str(out_dir))
+    CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        image_mean=list(CLIP_MEAN),
+        image_std=list(CLIP_STD),
+    ).save_pretrained(str(out_dir))
+    return out_dir

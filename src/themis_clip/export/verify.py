@@ -1,0 +1,110 @@
+"""Parity of an exported model directory against its PyTorch reference checkpoint.
+
+Embeds a fixed set of images (generated scenes and noise, several sizes) and texts (short to
+over-long) with every precision variant in the directory, and with the ``transformers``
+reference on the *same* preprocessed tensors and token ids, so the comparison isolates the
+exported graph. Thresholds: cosine ≥ 0.99999 (fp32), ≥ 0.999 (fp16), ≥ 0.99 (int8).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from themis_clip.config import PluginConfig
+from themis_clip.demo.scenes import COLOURS, SHAPES, Scene, render_scene
+from themis_clip.export.hf import load_reference
+from themis_clip.plugin import OnnxClipPlugin
+
+__all__ = ["THRESHOLDS", "VerifyRow", "verify_model"]
+
+THRESHOLDS = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99}
+TEXTS = [
+    "a red circle",
+    "a small blue triangle on the left",
+    "a photo of a large yellow star in the center of the picture",
+    "",
+    "green " * 120,
+    "a purple ring",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifyRow:
+    variant: str
+    modality: str
+    items: int
+    min_cosine: float
+    max_abs_diff: float
+    threshold: float
+
+    @property
+    def ok(self) -> bool:
+        return self.min_cosine >= self.threshold
+
+
+def _images() -> list[np.ndarray]:
+    out = [
+        np.asarray(render_scene(Scene(shape=s, colour=c, seed=i), size=200 + 17 * i))
+        for i, (s, c) in enumerate(zip(SHAPES, list(COLOURS), strict=False))
+    ]
+    rng = np.random.default_rng(0)
+    out += [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((64, 300), (480, 640))]
+    return out
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return out
+
+
+def _features(out: object) -> np.ndarray:
+    tensor = out if torch.is_tensor(out) else out.pooler_output  # type: ignore[attr-defined]
+    return _normalize(tensor.numpy().astype(np.float64))
+
+
+def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
+    """Compare every variant in ``model_dir`` with the reference ``checkpoint``."""
+    manifest = json.loads((model_dir / "manifest.json").read_text("utf-8"))
+    variants = ["fp32", *manifest.get("variants", {})]
+    reference = load_reference(checkpoint)
+    images = _images()
+    rows: list[VerifyRow] = []
+    for variant in variants:
+        plugin = OnnxClipPlugin()
+        config = PluginConfig.from_dict({"model": {"path": str(model_dir), "variant": variant}})
+        if not plugin.initialize(config):
+            raise RuntimeError(f"cannot load variant {variant}: {plugin.last_error}")
+        model = plugin._model
+        assert model is not None
+        assert model.textual is not None
+        got_img = np.stack([r.embedding for r in plugin.generate_embedding_batch(images)])  # type: ignore[misc]
+        pixels = np.stack([model.preprocessor(i) for i in images])
+        tokens = model.textual.tokenizer.encode_batch(TEXTS).rows
+        got_txt = np.stack([r.embedding for r in plugin.generate_text_embedding_batch(TEXTS)])  # type: ignore[misc]
+        with torch.no_grad():
+            ref_img = _features(reference.get_image_features(pixel_values=torch.from_numpy(pixels)))
+            ref_txt = np.concatenate(
+                [
+                    _features(reference.get_text_features(input_ids=torch.tensor([row])))
+                    for row in tokens
+                ]
+            )
+        for modality, got, ref in (("image", got_img, ref_img), ("text", got_txt, ref_txt)):
+            cos = np.sum(got * ref, axis=1)
+            rows.append(
+                VerifyRow(
+                    variant=variant,
+                    modality=modality,
+                    items=len(got),
+                    min_cosine=float(cos.min()),
+                    max_abs_diff=float(np.abs(got - ref).max()),
+                    threshold=THRESHOLDS.get(variant, 0.99),
+                )
+            )
+        plugin.shutdown()
+    return rows
