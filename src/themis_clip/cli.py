@@ -20,13 +20,15 @@ import numpy as np
 from themis_clip._version import __version__
 from themis_clip.config import ModelConfig, PluginConfig
 from themis_clip.errors import ThemisClipError
+from themis_clip.index.indexer import IMAGE_SUFFIXES, IndexReport, index_folder
+from themis_clip.index.search import Hit, ModelStamp, VectorIndex
 from themis_clip.interface import BackendType, EmbeddingResult
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.resources import demo_model_path
 
 __all__ = ["main"]
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+DEFAULT_INDEX = "themis-index.db"
 
 
 class CLIError(Exception):
@@ -87,6 +89,23 @@ def _parser() -> argparse.ArgumentParser:
     model_args(p)
     p.set_defaults(func=_cmd_health)
 
+    p = sub.add_parser("index", help="index the images under a folder (incremental, resumable)")
+    p.add_argument("folder")
+    p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
+    p.add_argument("--rebuild", action="store_true", help="delete the index first")
+    model_args(p)
+    p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser("search", help="search an index by text or by image")
+    p.add_argument("query", nargs="?", help="text query")
+    p.add_argument("--image", help="image file query (image -> image)")
+    p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
+    model_args(p)
+    p.set_defaults(func=_cmd_search)
+
     p = sub.add_parser("export", help="export a transformers CLIP checkpoint to a model directory")
     p.add_argument("checkpoint", help="local CLIPModel.save_pretrained folder")
     p.add_argument("out", help="model directory to write")
@@ -111,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gallery", default=".cache/demo-gallery", help="where to write the generated images"
     )
-    p.add_argument("--count", type=int, default=24, help="number of gallery images")
+    p.add_argument("--count", type=int, default=60, help="number of gallery images")
     model_args(p)
     p.set_defaults(func=_cmd_demo)
     return parser
@@ -241,10 +260,118 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _stamp(plugin: OnnxClipPlugin) -> ModelStamp:
+    identity = plugin.model_identity
+    assert identity is not None
+    return ModelStamp(
+        model_id=identity.model_id, sha256=identity.sha256, dim=identity.embedding_dim
+    )
+
+
+def _print_report(report: IndexReport, index_path: str) -> None:
+    print(
+        f"{index_path}: {report.added} added, {report.updated} updated, "
+        f"{report.unchanged} unchanged, "
+        f"{report.renamed} renamed, {report.duplicates} duplicates, {report.removed} removed, "
+        f"{len(report.failed)} unreadable ({report.seconds:.1f} s)"
+    )
+    for path, error in report.failed:
+        print(f"  skipped {path}: {error}")
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise CLIError(f"not a folder: {folder}")
+    if args.rebuild:
+        for suffix in ("", "-wal", "-shm", ".usearch"):
+            Path(args.index + suffix).unlink(missing_ok=True)
+    plugin = _start(args)
+    try:
+        with VectorIndex(args.index) as index:
+            report = index_folder(
+                index,
+                folder,
+                plugin,
+                stamp=_stamp(plugin),
+                chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
+            )
+    finally:
+        plugin.shutdown()
+    _print_report(report, args.index)
+    return 0
+
+
+def _query_vector(plugin: OnnxClipPlugin, text: str | None, image: str | None) -> np.ndarray:
+    if (text is None) == (image is None):
+        raise CLIError("give either a text query or --image FILE")
+    result = (
+        plugin.generate_embedding(image) if image else plugin.generate_text_embedding(text or "")
+    )
+    if not result.ok or result.embedding is None:
+        raise CLIError(f"cannot embed the query: {result.error}")
+    return result.embedding
+
+
+def _parse_filters(raw: list[str]) -> dict[str, Any]:
+    filters: dict[str, Any] = {}
+    for item in raw:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CLIError(f"--filter needs KEY=VALUE, got {item!r}")
+        try:
+            filters[key] = json.loads(value)
+        except ValueError:
+            filters[key] = value
+    return filters
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    if args.k < 1:
+        raise CLIError("-k must be >= 1")
+    with VectorIndex(args.index, readonly=True) as index:
+        plugin = _start(args)
+        try:
+            index.bind_model(_stamp(plugin))  # refuses an index made by another model
+            hits = index.search(
+                _query_vector(plugin, args.query, args.image),
+                args.k,
+                _parse_filters(args.filter) or None,
+            )
+        finally:
+            plugin.shutdown()
+    _print_hits(hits, as_json=args.json)
+    return 0
+
+
+def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> None:
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "key": h.key,
+                        "score": round(h.score, 6),
+                        "path": h.path,
+                        "metadata": h.metadata,
+                    }
+                    for h in hits
+                ],
+                indent=1,
+            )
+        )
+        return
+    if not hits:
+        print(f"{indent}(no results)")
+    for rank, h in enumerate(hits, 1):
+        print(f"{indent}{rank:2d}. {h.score:+.3f}  {h.path or h.key}")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from themis_clip.demo.scenes import write_gallery
 
-    gallery = write_gallery(Path(args.gallery), args.count)
+    gallery_dir = Path(args.gallery)
+    gallery = write_gallery(gallery_dir, args.count)
     plugin = _start(args)
     try:
         stats = plugin.get_statistics()
@@ -254,29 +381,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         if stats["model_variant"] == "themis-placeholder-tiny":
             print(
-                "note: the shipped model is a random-weight placeholder of CLIP's shape; its "
-                "scores are not meaningful. Use --model with an exported CLIP model for real "
-                "results."
+                "note: the shipped model is a random-weight placeholder; scores are not meaningful."
             )
-        files = [p for p, _ in gallery]
-        results = _embed_files(plugin, files)
-        ok = [(p, r) for p, r in zip(files, results, strict=True) if r.ok]
-        print(f"embedded {len(ok)}/{len(files)} images from {args.gallery}")
-        if not ok:
-            return 1
-        matrix = np.stack([r.embedding for _, r in ok if r.embedding is not None])
-        queries = [s.caption for _, s in gallery[:3]]
-        for query, t in zip(queries, plugin.generate_text_embedding_batch(queries), strict=True):
-            if not t.ok or t.embedding is None:
-                print(f"query {query!r}: {t.error}")
-                continue
-            scores = matrix @ t.embedding
-            print(f"\nquery: {query!r}")
-            for rank, i in enumerate(np.argsort(-scores)[:3], 1):
-                print(f"  {rank}. {scores[i]:+.3f}  {ok[i][0].name}")
+        index_path = str(gallery_dir.parent / "demo-index.db")
+        with VectorIndex(index_path) as index:
+            report = index_folder(index, gallery_dir, plugin, stamp=_stamp(plugin), progress=False)
+            _print_report(report, index_path)
+            queries = [
+                "a red circle",
+                "a small blue square on the left",
+                "a large yellow star",
+                "a green ring",
+            ]
+            print("\nText -> image (file names carry the truth: colour-shape-size-position):")
+            for query in queries:
+                print(f"\n  {query!r}")
+                _print_hits(index.search(_query_vector(plugin, query, None), 3), indent="  ")
+            probe = gallery[0][0]
+            print(f"\nImage -> image, query {probe.name}:")
+            _print_hits(index.search(_query_vector(plugin, None, str(probe)), 4), indent="  ")
         s = plugin.get_statistics()
         print(
-            f"\n{s['images']} images, {s['texts']} texts, p50 {s['p50_latency_ms']:.1f} ms per call"
+            f"\n{s['images']} images and {s['texts']} texts embedded, "
+            f"p50 {s['p50_latency_ms']:.1f} ms a call"
         )
     finally:
         plugin.shutdown()

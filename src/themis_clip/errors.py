@@ -12,6 +12,8 @@
     │   ├── ModelFormatError        not a readable ONNX model, or a layout we cannot use
     │   ├── IntegrityError          a file's SHA-256 differs from the expected one
     │   └── ModelMismatchError      output shape / embedding dimension differs from the declared one
+    ├── SearchIndexError            the search index cannot be opened or used
+    │   └── IndexModelMismatchError an index built with another model (identity or dimension)
     ├── InputError                  a caller's input cannot be embedded
     │   ├── ImageDecodeError        bytes/path/array are not a decodable image
     │   ├── ImageTooLargeError      the image declares more pixels than ``max_image_pixels``
@@ -30,6 +32,7 @@ __all__ = [
     "ConfigError",
     "ImageDecodeError",
     "ImageTooLargeError",
+    "IndexModelMismatchError",
     "InferenceError",
     "InputError",
     "IntegrityError",
@@ -39,6 +42,7 @@ __all__ = [
     "ModelNotFoundError",
     "NotReadyError",
     "PluginNotFoundError",
+    "SearchIndexError",
     "TextInputError",
     "ThemisClipError",
 ]
@@ -90,6 +94,14 @@ class IntegrityError(ModelError):
 
 class ModelMismatchError(ModelError):
     """The model's outputs do not match what the configuration or manifest declares."""
+
+
+class SearchIndexError(ThemisClipError):
+    """The index cannot be opened or used (newer schema, corrupt file, missing)."""
+
+
+class IndexModelMismatchError(SearchIndexError):
+    """The index was built with another model: its vectors are not comparable."""
 
 
 class InputError(ThemisClipError):

@@ -104,7 +104,46 @@ def test_errors_exit_2_with_a_message(tmp_path: Path) -> None:
 
 def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     out = run("demo", "--count", "6", "--gallery", str(tmp_path / "g"))
+    assert "6 added" in out.stdout and "Image -> image" in out.stdout
     assert out.returncode == 0, out.stderr
-    assert "embedded 6/6 images" in out.stdout
-    assert out.stdout.count("query:") == 3
+    assert out.stdout.count("\n  'a ") == 4  # four text queries, each with results
     assert len(list((tmp_path / "g").glob("*.jpg"))) == 6
+
+
+def test_index_and_search(
+    images: Path, tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    index = str(tmp_path / "idx.db")
+    (images / "bad.png").write_bytes(b"not a png")
+    out = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
+    assert out.returncode == 0, out.stderr
+    assert "2 added" in out.stdout and "1 unreadable" in out.stdout and "bad.png" in out.stdout
+    again = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
+    assert "0 added" in again.stdout and "2 unchanged" in again.stdout
+    found = run(
+        "search",
+        "--image",
+        str(images / "a.jpg"),
+        "--index",
+        index,
+        "--model",
+        str(tiny_model_dir),
+        "--json",
+    )
+    assert found.returncode == 0, found.stderr
+    hits = json.loads(found.stdout)
+    assert Path(hits[0]["path"]).name == "a.jpg" and hits[0]["score"] == pytest.approx(
+        1.0, abs=1e-4
+    )
+    text = run(
+        "search", "a red circle", "-k", "1", "--index", index, "--model", str(tiny_model_dir)
+    )
+    assert text.returncode == 0 and text.stdout.count("\n") == 1
+    other = run("search", "a red circle", "--index", index, "--model", str(tiny_model_dir_b))
+    assert other.returncode == 2 and "Re-index" in other.stderr
+    missing = run(
+        "search", "x", "--index", str(tmp_path / "none.db"), "--model", str(tiny_model_dir)
+    )
+    assert missing.returncode == 2 and "no index at" in missing.stderr
+    both = run("search", "x", "--image", "y.png", "--index", index, "--model", str(tiny_model_dir))
+    assert both.returncode == 2 and "either a text query or --image" in both.stderr

@@ -97,6 +97,7 @@ def export_hf_checkpoint(
     precisions: Sequence[str] = ("fp32",),
     name: str | None = None,
     external_data_threshold_bytes: int = TWO_GB,
+    extra_manifest: dict[str, Any] | None = None,
 ) -> ExportReport:
     """Export ``checkpoint`` into ``out_dir`` (created; must not hold another model)."""
     unknown = set(precisions) - set(PRECISIONS)
@@ -170,7 +171,10 @@ def export_hf_checkpoint(
             "pad_id": pad_id,
         },
         variants=variants,
-        extra={"source": {"kind": "transformers", "checkpoint": checkpoint.name}},
+        extra={
+            "source": {"kind": "transformers", "checkpoint": checkpoint.name},
+            **(extra_manifest or {}),
+        },
     )
     files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
     return ExportReport(

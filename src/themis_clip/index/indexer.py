@@ -1,0 +1,183 @@
+"""Index a folder of images: incremental, resumable, crash-safe.
+
+* Unchanged files (same size and mtime) are skipped without being read.
+* A new path whose content (SHA-256) is already indexed under a path that vanished is a
+  *rename*: the row moves, nothing is re-embedded. Content indexed under a path that still
+  exists is a *duplicate*: its vector is copied, nothing is re-embedded.
+* Files are embedded in chunks; each chunk is committed in one transaction, so an interrupted
+  run loses at most the chunk in flight and the next run resumes after the last commit.
+* Files that cannot be decoded are recorded with the reason, listed in every report, and not
+  retried until they change. Files that vanished from the folder are removed from the index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.store import ItemRow
+from themis_clip.interface import EmbeddingResult, ImageData
+
+__all__ = ["IMAGE_SUFFIXES", "ImageEmbedder", "IndexReport", "index_folder", "walk_images"]
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+
+
+class ImageEmbedder(Protocol):
+    """What the indexer needs from a model (``OnnxClipPlugin`` is one)."""
+
+    def generate_embedding_batch(self, images: Sequence[ImageData]) -> list[EmbeddingResult]: ...
+
+
+@dataclass
+class IndexReport:
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    renamed: int = 0
+    duplicates: int = 0
+    removed: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def embedded(self) -> int:
+        return self.added + self.updated
+
+
+def walk_images(folder: Path) -> list[Path]:
+    """Image files under ``folder`` (recursive, symlinked folders not followed), sorted."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        out += [Path(root) / f for f in files if Path(f).suffix.lower() in IMAGE_SUFFIXES]
+    return sorted(out)
+
+
+def _sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def index_folder(
+    index: VectorIndex,
+    folder: Path,
+    embedder: ImageEmbedder,
+    *,
+    stamp: ModelStamp,
+    chunk: int = 128,
+    progress: bool = True,
+) -> IndexReport:
+    """Bring ``index`` up to date with the images under ``folder``."""
+    t0 = time.perf_counter()
+    report = IndexReport()
+    index.bind_model(stamp)
+    store = index.store
+    folder = folder.resolve()
+    known = store.items_under(str(folder))
+    failures = store.failures_under(str(folder))
+    seen: set[str] = set()
+    todo: list[tuple[Path, os.stat_result, str | None]] = []
+    for path in walk_images(folder):
+        key = str(path)
+        try:
+            st = path.stat()
+        except OSError as exc:
+            report.failed.append((key, f"cannot stat: {exc.strerror or exc}"))
+            continue
+        seen.add(key)
+        item = known.get(key)
+        if item is not None and item.size == st.st_size and item.mtime_ns == st.st_mtime_ns:
+            report.unchanged += 1
+            continue
+        failed = failures.get(key)
+        if failed is not None and failed[:2] == (st.st_size, st.st_mtime_ns):
+            report.failed.append((key, failed[2]))
+            continue
+        todo.append((path, st, None))
+    vanished = set(known) - seen
+    # Renames and duplicates: content already in the index needs no embedding.
+    to_embed: list[tuple[Path, os.stat_result, str | None]] = []
+    for path, st, _ in todo:
+        digest = _sha256(path)
+        same = store.by_sha256(digest) if digest else []
+        moved = next((i for i in same if i.path in vanished), None)
+        if moved is not None and str(path) not in known:
+            store.rename(
+                moved.key, str(path), path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns
+            )
+            vanished.discard(moved.path or "")
+            report.renamed += 1
+        elif same and str(path) not in known:
+            vector = store.vector(same[0].key)
+            assert vector is not None
+            store.upsert(
+                [
+                    ItemRow(
+                        key=str(path),
+                        path=str(path),
+                        size=st.st_size,
+                        mtime_ns=st.st_mtime_ns,
+                        sha256=digest,
+                        vector=vector,
+                    )
+                ],
+                dim=stamp.dim,
+            )
+            report.duplicates += 1
+        else:
+            to_embed.append((path, st, digest))
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    with tqdm(
+        total=len(to_embed),
+        unit="img",
+        disable=not progress or None,
+        file=sys.stderr,
+        desc="indexing",
+    ) as bar:
+        for start in range(0, len(to_embed), chunk):
+            part = to_embed[start : start + chunk]
+            results = embedder.generate_embedding_batch([p for p, _, _ in part])
+            rows, failed_rows = [], []
+            for (path, st, digest), r in zip(part, results, strict=True):
+                if r.ok and r.embedding is not None:
+                    rows.append(
+                        ItemRow(
+                            key=str(path),
+                            path=str(path),
+                            size=st.st_size,
+                            mtime_ns=st.st_mtime_ns,
+                            sha256=digest,
+                            vector=r.embedding,
+                        )
+                    )
+                    if str(path) in known:
+                        report.updated += 1
+                    else:
+                        report.added += 1
+                else:
+                    failed_rows.append(
+                        (str(path), st.st_size, st.st_mtime_ns, r.error or "unknown error")
+                    )
+                    report.failed.append((str(path), r.error or "unknown error"))
+            store.upsert(rows, dim=stamp.dim)  # one transaction per chunk: resumable
+            store.record_failures(failed_rows)
+            bar.update(len(part))
+    report.removed = store.delete_keys(known[p].key for p in vanished)
+    store.delete_failures(p for p in failures if p not in seen)
+    report.seconds = time.perf_counter() - t0
+    return report

@@ -1,0 +1,306 @@
+"""The only module that imports ``sqlite3``: items, their vectors and the index's model identity.
+
+Schema (``PRAGMA user_version`` is the schema version; migrations run in order, each in one
+transaction; an index written by a newer themis-clip is refused, not guessed at)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)          model_id, model_name, model_sha256, dim,
+                                                    write_version (bumped by every write)
+    items(id INTEGER PRIMARY KEY, key TEXT UNIQUE,  key: the caller's id (the path for folders)
+          path TEXT, size INTEGER, mtime_ns INTEGER, sha256 TEXT,
+          metadata TEXT, vector BLOB)               vector: float32, little endian
+    failures(path TEXT PRIMARY KEY, size, mtime_ns, error)   unreadable files, skipped until changed
+
+The database runs in WAL mode with ``synchronous=NORMAL``: a killed process loses at most the
+transaction it was in, never a committed one, and never leaves a half-written row.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.errors import SearchIndexError
+
+__all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
+
+SCHEMA_VERSION = 1
+_COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
+
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE items (
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL UNIQUE,
+            path TEXT,
+            size INTEGER,
+            mtime_ns INTEGER,
+            sha256 TEXT,
+            metadata TEXT,
+            vector BLOB NOT NULL
+        )""",
+        "CREATE INDEX items_sha256 ON items(sha256)",
+        "CREATE INDEX items_path ON items(path)",
+        """CREATE TABLE failures (
+            path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, error TEXT NOT NULL
+        )""",
+    ],
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemRow:
+    """One item to store."""
+
+    key: str
+    vector: npt.NDArray[np.float32]
+    path: str | None = None
+    size: int | None = None
+    mtime_ns: int | None = None
+    sha256: str | None = None
+    metadata: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredItem:
+    id: int
+    key: str
+    path: str | None
+    size: int | None
+    mtime_ns: int | None
+    sha256: str | None
+    metadata: dict[str, Any] | None
+
+
+class IndexStore:
+    """An SQLite file holding items and vectors.
+
+    Args:
+        path: the database file (created unless ``readonly``).
+        readonly: open without write access (``mode=ro``); a missing file is an error.
+    """
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly and not self.path.is_file():
+            raise SearchIndexError(
+                f"no index at {self.path}; build one with `themis-clip index DIR`"
+            )
+        uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
+        try:
+            if not readonly:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA busy_timeout = 10000")
+            if not readonly:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise SearchIndexError(f"cannot open index {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> IndexStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise SearchIndexError(
+                f"index {self.path} has schema version {version}, newer than this themis-clip "
+                f"supports ({SCHEMA_VERSION}); upgrade themis-onnx-clip"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        if self.readonly:
+            raise SearchIndexError(f"index {self.path} needs a migration; open it writable once")
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self.transaction() as db:
+                for statement in _MIGRATIONS[target]:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {target}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write: committed whole, or rolled back whole."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute(
+            "INSERT INTO meta(key, value) VALUES('write_version', '1') ON CONFLICT(key) "
+            "DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+        )
+        self._db.execute("COMMIT")
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+
+    def set_meta(self, values: Mapping[str, str | int]) -> None:
+        with self.transaction() as db:
+            db.executemany(
+                "INSERT INTO meta(key, value) VALUES(?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [(k, str(v)) for k, v in values.items()],
+            )
+
+    @property
+    def write_version(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'write_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    # -- items ---------------------------------------------------------------------------------
+
+    def upsert(self, rows: Sequence[ItemRow], *, dim: int) -> None:
+        """Insert or replace ``rows`` (matched by key) in one transaction."""
+        if not rows:
+            return
+        values = []
+        for r in rows:
+            vec = np.ascontiguousarray(r.vector, dtype="<f4")
+            if vec.shape != (dim,):
+                raise SearchIndexError(
+                    f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
+                )
+            meta = json.dumps(dict(r.metadata), sort_keys=True) if r.metadata is not None else None
+            values.append((r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, vec.tobytes()))
+        with self.transaction() as db:
+            db.executemany(
+                """INSERT INTO items(key, path, size, mtime_ns, sha256, metadata, vector)
+                   VALUES(?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT(key) DO UPDATE SET path = excluded.path, size = excluded.size,
+                     mtime_ns = excluded.mtime_ns, sha256 = excluded.sha256,
+                     metadata = excluded.metadata, vector = excluded.vector""",
+                values,
+            )
+            db.executemany(
+                "DELETE FROM failures WHERE path = ?", [(r.path,) for r in rows if r.path]
+            )
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        if not keys:
+            return 0
+        with self.transaction() as db:
+            before = db.total_changes
+            db.executemany("DELETE FROM items WHERE key = ?", [(k,) for k in keys])
+            return db.total_changes - before
+
+    def rename(self, old_key: str, new_key: str, *, path: str, size: int, mtime_ns: int) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE items SET key = ?, path = ?, size = ?, mtime_ns = ? WHERE key = ?",
+                (new_key, path, size, mtime_ns, old_key),
+            )
+
+    def _select(self, where: str, params: Sequence[Any]) -> sqlite3.Cursor:
+        # Constant SQL built here; every value is a bound parameter.
+        return self._db.execute(f"SELECT {_COLUMNS} FROM items WHERE {where}", params)  # noqa: S608
+
+    def get(self, key: str) -> StoredItem | None:
+        row = self._select("key = ?", (key,)).fetchone()
+        return _item(row) if row else None
+
+    def items_under(self, prefix: str) -> dict[str, StoredItem]:
+        """Items whose path lies under the folder ``prefix`` (keyed by path)."""
+        like = prefix.rstrip("/").replace("%", r"\%").replace("_", r"\_") + "/%"
+        rows = self._select("path LIKE ? ESCAPE '\\'", (like,)).fetchall()
+        return {r[2]: _item(r) for r in rows}
+
+    def by_sha256(self, digest: str) -> list[StoredItem]:
+        rows = self._select("sha256 = ?", (digest,)).fetchall()
+        return [_item(r) for r in rows]
+
+    def vector(self, key: str) -> npt.NDArray[np.float32] | None:
+        row = self._db.execute("SELECT vector FROM items WHERE key = ?", (key,)).fetchone()
+        return np.frombuffer(row[0], dtype="<f4").astype(np.float32) if row else None
+
+    def count(self) -> int:
+        (n,) = self._db.execute("SELECT COUNT(*) FROM items").fetchone()
+        return int(n)
+
+    def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """All ``(ids, vectors [n, dim])``, in id order."""
+        rows = self._db.execute("SELECT id, vector FROM items ORDER BY id").fetchall()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        matrix = np.empty((len(rows), dim), dtype=np.float32)
+        for i, (_, blob) in enumerate(rows):
+            matrix[i] = np.frombuffer(blob, dtype="<f4")
+        return ids, matrix
+
+    def items_by_id(self, ids: Sequence[int]) -> dict[int, StoredItem]:
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = self._select(f"id IN ({marks})", [int(i) for i in ids]).fetchall()
+        return {r[0]: _item(r) for r in rows}
+
+    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
+        """Ids whose metadata has each ``key`` equal to ``value`` (JSON equality)."""
+        clauses, params = [], []
+        for key, value in filters.items():
+            clauses.append("json_extract(metadata, ?) = json_extract(?, '$')")
+            params += [f'$."{key}"', json.dumps(value)]
+        sql = "SELECT id FROM items WHERE " + " AND ".join(clauses)  # noqa: S608 - only "?" marks
+        return {r[0] for r in self._db.execute(sql, params).fetchall()}
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def record_failures(self, rows: Sequence[tuple[str, int, int, str]]) -> None:
+        if rows:
+            with self.transaction() as db:
+                db.executemany(
+                    "INSERT OR REPLACE INTO failures(path, size, mtime_ns, error) "
+                    "VALUES(?, ?, ?, ?)",
+                    rows,
+                )
+
+    def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
+        like = prefix.rstrip("/").replace("%", r"\%").replace("_", r"\_") + "/%"
+        rows = self._db.execute(
+            "SELECT path, size, mtime_ns, error FROM failures WHERE path LIKE ? ESCAPE '\\'",
+            (like,),
+        ).fetchall()
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def delete_failures(self, paths: Iterable[str]) -> None:
+        paths = list(paths)
+        if paths:
+            with self.transaction() as db:
+                db.executemany("DELETE FROM failures WHERE path = ?", [(p,) for p in paths])
+
+    def integrity_ok(self) -> bool:
+        (result,) = self._db.execute("PRAGMA integrity_check").fetchone()
+        return bool(result == "ok")
+
+
+def _item(row: Sequence[Any]) -> StoredItem:
+    return StoredItem(
+        id=row[0],
+        key=row[1],
+        path=row[2],
+        size=row[3],
+        mtime_ns=row[4],
+        sha256=row[5],
+        metadata=json.loads(row[6]) if row[6] else None,
+    )

@@ -1,0 +1,218 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.helpers import photo_like
+from themis_clip import EmbeddingResult, IndexModelMismatchError, SearchIndexError
+from themis_clip.index.indexer import index_folder, walk_images
+from themis_clip.index.search import ModelStamp, VectorIndex, top_k
+from themis_clip.index.store import SCHEMA_VERSION, IndexStore, ItemRow
+
+DIM = 16
+STAMP = ModelStamp(model_id="fake@abc", sha256="ab" * 32, dim=DIM)
+
+
+def unit(seed: int | bytes) -> np.ndarray:
+    s = int.from_bytes(
+        hashlib.sha256(seed if isinstance(seed, bytes) else str(seed).encode()).digest()[:8],
+        "little",
+    )
+    v = np.random.default_rng(s).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+class FakeEmbedder:
+    """Vectors derived from file bytes; non-images fail like the plugin does."""
+
+    def __init__(self, crash_after: int | None = None) -> None:
+        self.embedded: list[str] = []
+        self.crash_after = crash_after
+
+    def generate_embedding_batch(self, images: Sequence[object]) -> list[EmbeddingResult]:
+        if self.crash_after is not None and len(self.embedded) >= self.crash_after:
+            raise KeyboardInterrupt("simulated crash")
+        out = []
+        for item in images:
+            data = Path(str(item)).read_bytes()
+            self.embedded.append(str(item))
+            if not data.startswith((b"\x89PNG", b"\xff\xd8")):
+                out.append(EmbeddingResult(ok=False, error="not a recognised image format"))
+            else:
+                out.append(EmbeddingResult.success(unit(data), latency_ms=0.0, model_id="fake"))
+        return out
+
+
+def write_png(path: Path, seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(photo_like(20, 16, seed)).save(path)
+
+
+# -- store -------------------------------------------------------------------------------------
+
+
+def test_store_roundtrip_and_transactions(tmp_path: Path) -> None:
+    with IndexStore(tmp_path / "i.db") as store:
+        store.upsert(
+            [
+                ItemRow(key="a", vector=unit(1), metadata={"tag": "x"}),
+                ItemRow(key="b", vector=unit(2)),
+            ],
+            dim=DIM,
+        )
+        assert store.count() == 2 and store.get("a").metadata == {"tag": "x"}  # type: ignore[union-attr]
+        assert np.array_equal(store.vector("b"), unit(2))
+        v0 = store.write_version
+
+        def failing_write() -> None:
+            with store.transaction() as db:
+                db.execute("DELETE FROM items")
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            failing_write()
+        assert store.count() == 2 and store.write_version == v0  # rolled back whole
+        with pytest.raises(SearchIndexError, match="vector shape"):
+            store.upsert([ItemRow(key="c", vector=np.zeros(3, np.float32))], dim=DIM)
+        assert store.delete_keys(["a", "zzz"]) == 1 and store.integrity_ok()
+
+
+def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
+    IndexStore(tmp_path / "i.db").close()
+    db = sqlite3.connect(tmp_path / "i.db")
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(SearchIndexError, match="newer than this themis-clip supports"):
+        IndexStore(tmp_path / "i.db")
+
+
+def test_store_readonly_and_garbage(tmp_path: Path) -> None:
+    with pytest.raises(SearchIndexError, match="no index at"):
+        IndexStore(tmp_path / "missing.db", readonly=True)
+    (tmp_path / "bad.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(SearchIndexError, match="cannot open index"):
+        IndexStore(tmp_path / "bad.db")
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+def test_top_k_matches_brute_force() -> None:
+    rng = np.random.default_rng(0)
+    m = rng.standard_normal((500, DIM)).astype(np.float32)
+    q = rng.standard_normal(DIM).astype(np.float32)
+    rows, scores = top_k(m, q, 10)
+    brute = np.argsort(-(m @ q))[:10]
+    assert rows.tolist() == brute.tolist() and np.allclose(scores, (m @ q)[brute])
+    assert len(top_k(m, q, 1000)[0]) == 500 and len(top_k(m[:0], q, 5)[0]) == 0
+
+
+@pytest.mark.parametrize("threshold", [10_000, 50])  # exact, then HNSW
+def test_search_exact_and_hnsw(tmp_path: Path, threshold: int) -> None:
+    path = tmp_path / "i.db"
+    with VectorIndex(path, exact_threshold=threshold) as index:
+        index.bind_model(STAMP)
+        vectors = [unit(i) for i in range(300)]
+        index.store.upsert(
+            [
+                ItemRow(key=f"k{i}", vector=v, metadata={"even": i % 2 == 0})
+                for i, v in enumerate(vectors)
+            ],
+            dim=DIM,
+        )
+        assert index.mode == ("exact" if threshold > 300 else "hnsw")
+        hits = index.search(vectors[42], 5)
+        assert hits[0].key == "k42" and hits[0].score == pytest.approx(1.0, abs=1e-5)
+        brute = np.argsort(-(np.stack(vectors) @ vectors[7]))[:10]
+        got = [int(h.key[1:]) for h in index.search(vectors[7], 10)]
+        assert len(set(got) & set(brute.tolist())) >= 9
+        odd = index.search(vectors[42], 5, filters={"even": False})
+        assert odd and all(h.metadata == {"even": False} for h in odd)
+        index.store.delete_keys(["k42"])  # a write invalidates the cached matrix / graph
+        assert index.search(vectors[42], 1)[0].key != "k42"
+    if threshold == 50:
+        assert Path(str(path) + ".usearch").is_file()
+        with VectorIndex(
+            path, readonly=True, exact_threshold=threshold
+        ) as ro:  # memory-mapped graph
+            assert ro.search(vectors[8], 1)[0].key == "k8"
+
+
+def test_index_refuses_another_model(tmp_path: Path) -> None:
+    with VectorIndex(tmp_path / "i.db") as index:
+        index.bind_model(STAMP)
+        index.bind_model(STAMP)
+        other = ModelStamp(model_id="other@123", sha256="cd" * 32, dim=DIM)
+        with pytest.raises(IndexModelMismatchError, match="Re-index"):
+            index.bind_model(other)
+        with pytest.raises(IndexModelMismatchError, match="3 dimensions"):
+            index.search(np.ones(3, np.float32), 1)
+
+
+# -- indexer -----------------------------------------------------------------------------------
+
+
+def test_incremental_indexing(tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    for i in range(6):
+        write_png(folder / ("sub" if i % 2 else "") / f"{i}.png", i)
+    (folder / "broken.jpg").write_bytes(b"GIF? no: not an image")
+    (folder / "notes.txt").write_text("not an image")
+    (folder / ".hidden").mkdir()
+    write_png(folder / ".hidden" / "h.png", 99)
+    assert len(walk_images(folder)) == 7
+    embedder = FakeEmbedder()
+    with VectorIndex(tmp_path / "i.db") as index:
+        r = index_folder(index, folder, embedder, stamp=STAMP, chunk=4, progress=False)
+        assert (r.added, r.unchanged, len(r.failed)) == (6, 0, 0) or (r.added, len(r.failed)) == (
+            6,
+            1,
+        )
+        broken_errors = [e for p, e in r.failed if p.endswith("broken.jpg")]
+        assert broken_errors == ["not a recognised image format"]
+        # Second run: nothing re-embedded, the unreadable file listed again but not retried.
+        embedder.embedded.clear()
+        r = index_folder(index, folder, embedder, stamp=STAMP, progress=False)
+        assert (
+            r.unchanged == 6 and r.embedded == 0 and embedder.embedded == [] and len(r.failed) == 1
+        )
+        # Rename: no embedding, the row moves. Duplicate: no embedding, vector copied.
+        os.rename(folder / "0.png", folder / "zero.png")
+        (folder / "copy-of-2.png").write_bytes((folder / "2.png").read_bytes())
+        # Change: re-embedded. Removal: dropped.
+        write_png(folder / "4.png", 444)
+        (folder / "sub" / "5.png").unlink()
+        r = index_folder(index, folder, embedder, stamp=STAMP, progress=False)
+        assert (r.renamed, r.duplicates, r.updated, r.removed) == (1, 1, 1, 1)
+        assert embedder.embedded == [str((folder / "4.png").resolve())]
+        assert index.store.get(str((folder / "zero.png").resolve())) is not None
+        assert index.store.get(str((folder / "0.png").resolve())) is None
+        assert index.store.count() == 6
+        hit = index.search(unit((folder / "2.png").read_bytes()), 2)
+        assert {Path(h.path or "").name for h in hit} == {"2.png", "copy-of-2.png"}
+
+
+def test_interrupted_run_resumes_without_re_embedding(tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    for i in range(10):
+        write_png(folder / f"{i:02d}.png", i)
+    with VectorIndex(tmp_path / "i.db") as index:
+        crashing = FakeEmbedder(crash_after=4)
+        with pytest.raises(KeyboardInterrupt):
+            index_folder(index, folder, crashing, stamp=STAMP, chunk=4, progress=False)
+        assert index.store.count() == 4  # the committed chunk survived, nothing partial
+        resumed = FakeEmbedder()
+        r = index_folder(index, folder, resumed, stamp=STAMP, chunk=4, progress=False)
+        assert r.unchanged == 4 and r.added == 6 and len(resumed.embedded) == 6
+    with VectorIndex(tmp_path / "clean.db") as clean:
+        index_folder(clean, folder, FakeEmbedder(), stamp=STAMP, progress=False)
+        _, a = IndexStore(tmp_path / "i.db").load_vectors(DIM)
+        _, b = clean.store.load_vectors(DIM)
+        assert np.array_equal(np.sort(a, axis=0), np.sort(b, axis=0))
