@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -105,6 +107,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
     model_args(p)
     p.set_defaults(func=_cmd_search)
+
+    p = sub.add_parser("serve", help="run the HTTP service")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--index", help="index file for /search and /index/items")
+    p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
+    p.add_argument("--max-queue", type=int, default=512, help="waiting items before 429")
+    p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="batch fill wait")
+    p.add_argument("--request-timeout-s", type=float, default=30.0, help="504 beyond this")
+    p.add_argument("--max-body-mb", type=float, default=20.0, help="413 beyond this")
+    p.add_argument("--no-warmup", action="store_true", help="ready without warming up")
+    model_args(p)
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("export", help="export a transformers CLIP checkpoint to a model directory")
     p.add_argument("checkpoint", help="local CLIPModel.save_pretrained folder")
@@ -209,6 +224,43 @@ def _cmd_health(args: argparse.Namespace) -> int:
     finally:
         plugin.shutdown()
     return 0 if ok else 1
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from themis_clip.server import ServerSettings, create_app
+    except ImportError as exc:
+        raise CLIError(
+            f"serving needs the server extra ({exc.name} is missing): "
+            "pip install 'themis-onnx-clip[server]'"
+        ) from exc
+    for name in ("max_queue", "max_queue_delay_ms", "request_timeout_s", "max_body_mb"):
+        if getattr(args, name) <= 0:
+            raise CLIError(f"--{name.replace('_', '-')} must be > 0")
+    settings = ServerSettings(
+        plugin_config=_config(args),
+        index_path=args.index,
+        model_root=args.model_root,
+        admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_queue=args.max_queue,
+        max_queue_delay_ms=args.max_queue_delay_ms,
+        request_timeout_s=args.request_timeout_s,
+        warmup=not args.no_warmup,
+    )
+    # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises
+    # the signal; a no-op handler makes that graceful stop end with exit code 0, not -15.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="info" if args.verbose else "warning",
+        timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
+    )
+    return 0
 
 
 def _export_modules() -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
           path TEXT, size INTEGER, mtime_ns INTEGER, sha256 TEXT,
           metadata TEXT, vector BLOB)               vector: float32, little endian
     failures(path TEXT PRIMARY KEY, size, mtime_ns, error)   unreadable files, skipped until changed
+    items.thumbnail BLOB (v2)                       JPEG preview of items added without a file
 
 The database runs in WAL mode with ``synchronous=NORMAL``: a killed process loses at most the
 transaction it was in, never a committed one, and never leaves a half-written row.
@@ -31,7 +32,7 @@ from themis_clip.errors import SearchIndexError
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
 
 _MIGRATIONS: dict[int, list[str]] = {
@@ -53,6 +54,8 @@ _MIGRATIONS: dict[int, list[str]] = {
             path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, error TEXT NOT NULL
         )""",
     ],
+    # v2: small JPEG previews for items that have no file on disk (added over HTTP).
+    2: ["ALTER TABLE items ADD COLUMN thumbnail BLOB"],
 }
 
 
@@ -67,6 +70,7 @@ class ItemRow:
     mtime_ns: int | None = None
     sha256: str | None = None
     metadata: Mapping[str, Any] | None = None
+    thumbnail: bytes | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,14 +187,17 @@ class IndexStore:
                     f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
                 )
             meta = json.dumps(dict(r.metadata), sort_keys=True) if r.metadata is not None else None
-            values.append((r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, vec.tobytes()))
+            values.append(
+                (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, vec.tobytes(), r.thumbnail)
+            )
         with self.transaction() as db:
             db.executemany(
-                """INSERT INTO items(key, path, size, mtime_ns, sha256, metadata, vector)
-                   VALUES(?, ?, ?, ?, ?, ?, ?)
+                """INSERT INTO items(key, path, size, mtime_ns, sha256, metadata, vector, thumbnail)
+                   VALUES(?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT(key) DO UPDATE SET path = excluded.path, size = excluded.size,
                      mtime_ns = excluded.mtime_ns, sha256 = excluded.sha256,
-                     metadata = excluded.metadata, vector = excluded.vector""",
+                     metadata = excluded.metadata, vector = excluded.vector,
+                     thumbnail = excluded.thumbnail""",
                 values,
             )
             db.executemany(
@@ -234,6 +241,10 @@ class IndexStore:
     def vector(self, key: str) -> npt.NDArray[np.float32] | None:
         row = self._db.execute("SELECT vector FROM items WHERE key = ?", (key,)).fetchone()
         return np.frombuffer(row[0], dtype="<f4").astype(np.float32) if row else None
+
+    def thumbnail(self, key: str) -> bytes | None:
+        row = self._db.execute("SELECT thumbnail FROM items WHERE key = ?", (key,)).fetchone()
+        return bytes(row[0]) if row and row[0] is not None else None
 
     def count(self) -> int:
         (n,) = self._db.execute("SELECT COUNT(*) FROM items").fetchone()

@@ -34,7 +34,7 @@ from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError
 from themis_clip.interface import ImageData
 from themis_clip.models.spec import ImageSpec
 
-__all__ = ["ImagePreprocessor", "decode_image", "preprocess_image"]
+__all__ = ["ImagePreprocessor", "decode_image", "make_thumbnail", "preprocess_image"]
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,19 @@ class ImagePreprocessor:
         np.multiply(hwc.transpose(2, 0, 1), self._scale, out=out)  # type: ignore[attr-defined]
         out += self._bias  # type: ignore[attr-defined]
         return out
+
+
+def make_thumbnail(
+    data: ImageData, *, size: int = 192, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+) -> bytes:
+    """A JPEG preview of ``data`` fitting in ``size``×``size`` (same decoding guards)."""
+    img = decode_image(data, max_image_pixels=max_image_pixels)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    img.thumbnail((size, size), Image.Resampling.BICUBIC)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
 
 
 def preprocess_image(

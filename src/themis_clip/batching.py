@@ -1,0 +1,171 @@
+"""Dynamic micro-batching: concurrent single-item calls coalesced into batched model calls.
+
+A request waits at most ``max_queue_delay_ms`` for company; a batch closes early when it
+reaches ``max_batch_size``. The batch function runs in a worker thread (decoding and
+inference never block the event loop), and up to ``max_concurrent_batches`` batches run at
+once, so the next batch decodes while the current one is in the session. The queue is
+bounded: beyond ``max_queue`` waiting items, :class:`QueueFullError` tells the caller to come
+back later instead of letting latency grow without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from themis_clip.errors import ThemisClipError
+
+__all__ = ["BatcherStats", "MicroBatcher", "QueueFullError"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class QueueFullError(ThemisClipError):
+    """The batching queue is full; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    items: int = 0
+
+
+@dataclass
+class _Pending(Generic[T, R]):
+    item: T
+    future: asyncio.Future[R]
+    enqueued: float
+
+
+class MicroBatcher(Generic[T, R]):
+    """Coalesce ``submit`` calls into ``batch_fn`` calls.
+
+    Args:
+        batch_fn: maps a list of items to a list of results of the same length (run in a thread).
+        max_batch_size: largest batch.
+        max_queue_delay_ms: longest a request waits for a batch to fill.
+        max_queue: most items waiting (not yet in a running batch).
+        max_concurrent_batches: batches running at once.
+        on_batch: called with each batch size (metrics).
+    """
+
+    def __init__(
+        self,
+        batch_fn: Callable[[list[T]], Sequence[R]],
+        *,
+        max_batch_size: int = 32,
+        max_queue_delay_ms: float = 5.0,
+        max_queue: int = 1024,
+        max_concurrent_batches: int = 2,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self._fn = batch_fn
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_queue_delay_ms / 1000.0
+        self.max_queue = max_queue
+        self._slots = asyncio.Semaphore(max_concurrent_batches)
+        self._queue: list[_Pending[T, R]] = []
+        self._wakeup = asyncio.Event()
+        self._on_batch = on_batch
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._running: set[asyncio.Task[None]] = set()
+        self._avg_batch_s = 0.05
+        self.stats = BatcherStats()
+
+    @property
+    def depth(self) -> int:
+        """Items waiting for a batch."""
+        return len(self._queue)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def close(self) -> None:
+        """Stop taking items; finish everything already queued or running."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def submit(self, item: T, *, timeout_s: float | None = None) -> R:
+        """Queue ``item`` and wait for its result.
+
+        Raises:
+            QueueFullError: the queue holds ``max_queue`` items already.
+            TimeoutError: no result within ``timeout_s``.
+        """
+        if self._closing:
+            raise QueueFullError("the server is shutting down", retry_after_s=1.0)
+        if len(self._queue) >= self.max_queue:
+            retry = max(1.0, self._avg_batch_s * len(self._queue) / self.max_batch_size)
+            raise QueueFullError(f"queue full ({len(self._queue)} waiting)", retry_after_s=retry)
+        self.start()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(item, future, time.monotonic()))
+        self._wakeup.set()
+        # shield: a timed-out caller stops waiting, the batch still completes for the others.
+        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            # Wait for company until the oldest request's delay is used up or the batch is full.
+            deadline = self._queue[0].enqueued + self.max_delay_s
+            while len(self._queue) < self.max_batch_size and not self._closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            await self._slots.acquire()
+            batch, self._queue = (
+                self._queue[: self.max_batch_size],
+                self._queue[self.max_batch_size :],
+            )
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: list[_Pending[T, R]]) -> None:
+        try:
+            live = [p for p in batch if not p.future.done()]
+            if not live:
+                return
+            t0 = time.monotonic()
+            try:
+                results = await asyncio.to_thread(self._fn, [p.item for p in live])
+            except BaseException as exc:  # the batch function failed as a whole
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                return
+            self._avg_batch_s = 0.8 * self._avg_batch_s + 0.2 * (time.monotonic() - t0)
+            self.stats.batches += 1
+            self.stats.items += len(live)
+            if self._on_batch:
+                self._on_batch(len(live))
+            for p, r in zip(live, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(r)
+        finally:
+            self._slots.release()

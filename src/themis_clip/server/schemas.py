@@ -1,0 +1,55 @@
+"""Request and response bodies (pydantic lives only in the server package)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpenAIEmbeddingsRequest(BaseModel):
+    """OpenAI's ``/v1/embeddings`` body, plus infinity's ``modality`` for images."""
+
+    model_config = ConfigDict(extra="ignore")
+    input: str | list[str] = Field(
+        description="texts, or images as data URLs when modality is image"
+    )
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    modality: Literal["text", "image"] = "text"
+    user: str | None = None
+
+
+class TextRequest(_Strict):
+    text: str | None = None
+    texts: list[str] | None = Field(default=None, max_length=2048)
+
+
+class IndexItem(_Strict):
+    id: str = Field(min_length=1, max_length=1024)
+    image: str = Field(description="base64 image bytes or a data URL")
+    metadata: dict[str, Any] | None = None
+
+
+class IndexItemsRequest(_Strict):
+    items: list[IndexItem] = Field(min_length=1, max_length=1024)
+
+
+class SearchRequest(_Strict):
+    text: str | None = None
+    image: str | None = Field(default=None, description="base64 image bytes or a data URL")
+    vector: list[float] | None = None
+    k: int = Field(default=10, ge=1, le=1000)
+    filters: dict[str, Any] | None = None
+
+
+class ReloadRequest(_Strict):
+    path: str = Field(description="model path, relative to (and inside) the server's model root")
+    variant: str | None = None
+    expected_sha256: str | None = None
+    enable_mmap_loading: bool | None = None
+    allow_embedding_space_change: bool = False

@@ -1,0 +1,389 @@
+"""The HTTP service: in-process through TestClient, and as a real uvicorn subprocess."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from tests.helpers import photo_like
+from themis_clip import OnnxClipPlugin, PluginConfig
+from themis_clip.index.store import IndexStore
+from themis_clip.runtime import ORTSession, create_session
+from themis_clip.server import ServerSettings, create_app
+
+TOKEN = "s3cret-token"
+
+
+def png(seed: int = 0, w: int = 64, h: int = 48) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(photo_like(w, h, seed)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture
+def model_root(tmp_path: Path, tiny_model_dir: Path, tiny_model_dir_b: Path) -> Path:
+    root = tmp_path / "models"
+    shutil.copytree(tiny_model_dir, root / "a")
+    shutil.copytree(tiny_model_dir_b, root / "b")
+    return root
+
+
+def settings(model_root: Path, tmp_path: Path, **kw: Any) -> ServerSettings:
+    config = PluginConfig.from_dict(
+        {"model": {"path": str(model_root / "a")}, "max_batch_size": kw.pop("batch", 8)}
+    )
+    defaults: dict[str, Any] = {
+        "index_path": str(tmp_path / "idx.db"),
+        "model_root": str(model_root),
+        "admin_token": TOKEN,
+        "max_body_bytes": 2_000_000,
+    }
+    return ServerSettings(plugin_config=config, **{**defaults, **kw})
+
+
+@pytest.fixture
+def client(model_root: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    with TestClient(create_app(settings(model_root, tmp_path))) as c:
+        yield c
+
+
+def error(r: httpx.Response, status: int, kind: str) -> str:
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()["error"]
+    assert body["type"] == kind, body
+    return str(body["message"])
+
+
+def test_health_ready_stats_metrics_docs_page(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["model_id"].startswith("tiny-a@")
+    client.post("/embed/text", json={"text": "x"})
+    stats = client.get("/stats").json()
+    assert (
+        stats["texts"] == 1
+        and stats["server"]["ready"] is True
+        and stats["server"]["index_items"] == 0
+    )
+    metrics = client.get("/metrics").text
+    assert 'themis_requests_total{route="/embed/text",status="200"} 1.0' in metrics
+    assert "themis_batch_size_bucket" in metrics and "themis_queue_depth" in metrics
+    assert client.get("/openapi.json").json()["info"]["title"] == "themis-clip"
+    assert client.get("/docs").status_code == 200
+    assert '<form id="form">' in client.get("/").text
+
+
+def test_embeddings_match_the_plugin(client: TestClient, model_root: Path) -> None:
+    direct = OnnxClipPlugin()
+    assert direct.initialize(PluginConfig.from_dict({"model": {"path": str(model_root / "a")}}))
+    text = client.post(
+        "/v1/embeddings", json={"input": ["a red circle", "a dog"], "model": "x"}
+    ).json()
+    assert text["object"] == "list" and [d["index"] for d in text["data"]] == [0, 1]
+    assert np.allclose(
+        text["data"][0]["embedding"],
+        direct.generate_text_embedding("a red circle").embedding,
+        atol=1e-6,
+    )
+    b64 = client.post("/v1/embeddings", json={"input": "a dog", "encoding_format": "base64"}).json()
+    assert np.allclose(
+        np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), "<f4"),
+        text["data"][1]["embedding"],
+    )
+    image = client.post(
+        "/v1/embeddings", json={"input": [data_url(png(1))], "modality": "image"}
+    ).json()
+    expected = direct.generate_embedding(png(1)).embedding
+    assert np.allclose(image["data"][0]["embedding"], expected, atol=1e-6)
+    raw = client.post("/embed/image", content=png(1), headers={"content-type": "image/png"}).json()
+    multi = client.post("/embed/image", files={"file": ("x.png", png(1), "image/png")}).json()
+    assert (
+        np.allclose(raw["embedding"], expected, atol=1e-6)
+        and raw["embedding"] == multi["embedding"]
+    )
+    many = client.post("/embed/text", json={"texts": ["a", "b " * 200]}).json()
+    assert many["truncated"] == [False, True] and len(many["embeddings"]) == 2
+    direct.shutdown()
+
+
+def test_index_search_and_thumbnails(client: TestClient) -> None:
+    items = [
+        {"id": f"img-{i}", "image": data_url(png(i)), "metadata": {"group": i % 2}}
+        for i in range(6)
+    ]
+    added = client.post("/index/items", json={"items": items})
+    assert added.status_code == 200 and added.json()["added"] == 6
+    by_image = client.post("/search", json={"image": data_url(png(3)), "k": 3}).json()
+    assert by_image["results"][0]["id"] == "img-3" and by_image["results"][0][
+        "score"
+    ] == pytest.approx(1, abs=1e-4)
+    assert by_image["mode"] == "exact"
+    vector = client.post("/embed/image", content=png(4)).json()["embedding"]
+    by_vector = client.post("/search", json={"vector": vector, "k": 1}).json()
+    assert by_vector["results"][0]["id"] == "img-4"
+    filtered = client.post(
+        "/search", json={"vector": vector, "k": 6, "filters": {"group": 1}}
+    ).json()
+    assert {r["id"] for r in filtered["results"]} == {"img-1", "img-3", "img-5"}
+    by_text = client.post("/search", json={"text": "a red circle", "k": 2}).json()
+    assert len(by_text["results"]) == 2
+    thumb = client.get(by_image["results"][0]["thumbnail"])
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+    assert Image.open(io.BytesIO(thumb.content)).size[0] <= 192
+    error(client.get("/items/nope/thumbnail"), 404, "NotFound")
+
+
+def test_error_paths(client: TestClient, model_root: Path, tmp_path: Path) -> None:
+    error(
+        client.post(
+            "/v1/embeddings", content=b"{bad", headers={"content-type": "application/json"}
+        ),
+        400,
+        "BadJSON",
+    )
+    error(
+        client.post(
+            "/v1/embeddings", json={"input": "data:image/png;base64,@@@", "modality": "image"}
+        ),
+        400,
+        "BadBase64",
+    )
+    error(
+        client.post("/v1/embeddings", json={"input": "data:image/png,raw", "modality": "image"}),
+        400,
+        "BadDataURL",
+    )
+    msg = error(
+        client.post(
+            "/v1/embeddings",
+            json={"input": base64.b64encode(b"text").decode(), "modality": "image"},
+        ),
+        422,
+        "ImageDecodeError",
+    )
+    assert "input[0]" in msg and "not a recognised image format" in msg
+    error(
+        client.post(
+            "/v1/embeddings", json={"input": "https://example.com/x.png", "modality": "image"}
+        ),
+        400,
+        "URLNotAllowed",
+    )
+    error(client.post("/v1/embeddings", json={"input": []}), 422, "ValidationError")
+    error(client.post("/v1/embeddings", json={"nothing": 1}), 422, "ValidationError")
+    error(client.post("/embed/image", content=b""), 422, "ImageDecodeError")
+    error(client.post("/embed/image", content=b"x" * 3_000_000), 413, "PayloadTooLarge")
+
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(30):
+            yield b"x" * 100_000
+
+    error(
+        client.post("/embed/image", content=chunks()), 413, "PayloadTooLarge"
+    )  # no Content-Length
+    error(client.post("/embed/text", json={"text": "a", "texts": ["b"]}), 422, "ValidationError")
+    error(client.post("/embed/text", json={"text": "a", "extra": 1}), 422, "ValidationError")
+    error(client.post("/search", json={"text": "a", "vector": [1.0]}), 422, "ValidationError")
+    error(client.post("/search", json={"text": "a", "k": 0}), 422, "ValidationError")
+    error(client.post("/search", json={"vector": [0.0] * 32}), 422, "ValidationError")
+    error(client.get("/no/such/route"), 404, "NotFound")
+    error(client.delete("/healthz"), 405, "MethodNotAllowed")
+
+
+def test_admin_reload_security(client: TestClient, model_root: Path, tmp_path: Path) -> None:
+    error(client.post("/admin/reload", json={"path": "b"}), 401, "Unauthorized")
+    error(
+        client.post("/admin/reload", json={"path": "b"}, headers={"Authorization": "Bearer nope"}),
+        403,
+        "Forbidden",
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", model_root / "link")
+    for bad in ("../outside", str(tmp_path / "outside"), "link", "/etc"):
+        assert "outside the model root" in error(
+            client.post("/admin/reload", json={"path": bad}, headers=auth), 403, "Forbidden"
+        )
+    # Another model without allowing the space change: refused, the old model keeps serving.
+    msg = error(client.post("/admin/reload", json={"path": "b"}, headers=auth), 422, "ReloadFailed")
+    assert "would change the embedding space" in msg
+    client.post("/index/items", json={"items": [{"id": "x", "image": data_url(png(1))}]})
+    ok = client.post(
+        "/admin/reload", json={"path": "b", "allow_embedding_space_change": True}, headers=auth
+    )
+    assert ok.status_code == 200 and ok.json()["model_id"].startswith("tiny-b@")
+    # The index was built by model a: searching it with model b is refused with a clear message.
+    assert "Re-index" in error(
+        client.post("/search", json={"text": "a"}), 409, "IndexModelMismatchError"
+    )
+
+
+def test_admin_disabled_without_token_and_search_without_index(
+    model_root: Path, tmp_path: Path
+) -> None:
+    with TestClient(
+        create_app(settings(model_root, tmp_path, admin_token=None, index_path=None))
+    ) as c:
+        assert "disabled" in error(
+            c.post("/admin/reload", json={"path": "b"}, headers={"Authorization": "Bearer x"}),
+            403,
+            "Forbidden",
+        )
+        error(c.post("/search", json={"text": "a"}), 404, "NoIndex")
+
+
+class Hold:
+    """Every image-tower run waits while the hold is on (a real session underneath)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.released.set()
+
+    def factory(self, path: Path, plan: Any, settings: Any, **kw: Any) -> ORTSession:
+        session = create_session(path, plan, settings, **kw)
+        real = session.run
+
+        def run(names: Any, feeds: Any) -> Any:
+            if "visual" in path.name:
+                assert self.released.wait(20)
+            return real(names, feeds)
+
+        session.run = run  # type: ignore[method-assign]
+        return session
+
+
+def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Path) -> None:
+    hold = Hold()
+    app = create_app(
+        settings(model_root, tmp_path, batch=1, max_queue=1, request_timeout_s=5),
+        plugin=OnnxClipPlugin(session_factory=hold.factory),
+    )
+    with TestClient(app) as c:
+        hold.released.clear()
+        with ThreadPoolExecutor(4) as pool:
+            running = [
+                pool.submit(c.post, "/embed/image", content=png(i)) for i in range(3)
+            ]  # 2 batches + 1 queued
+            deadline = time.monotonic() + 10
+            while c.get("/stats").json()["server"]["image_queue_depth"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            full = c.post("/embed/image", content=png(9))
+            assert "queue full" in error(full, 429, "QueueFullError")
+            assert int(full.headers["Retry-After"]) >= 1
+            hold.released.set()
+            assert [f.result().status_code for f in running] == [200, 200, 200]
+    hold = Hold()
+    app = create_app(
+        settings(model_root, tmp_path, request_timeout_s=0.3),
+        plugin=OnnxClipPlugin(session_factory=hold.factory),
+    )
+    with TestClient(app) as c:
+        hold.released.clear()
+        error(c.post("/embed/image", content=png(1)), 504, "Timeout")
+        hold.released.set()
+        assert c.post("/embed/image", content=png(1)).status_code == 200  # nothing poisoned
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: Path) -> None:
+    port = free_port()
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    env = {**os.environ, "THEMIS_ADMIN_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        [
+            exe,
+            "serve",
+            "--port",
+            str(port),
+            "--model",
+            str(model_root / "a"),
+            "--index",
+            str(tmp_path / "idx.db"),
+            "--model-root",
+            str(model_root),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "server never became ready"
+            time.sleep(0.2)
+        assert httpx.post(f"{base}/embed/text", json={"text": "a red circle"}).status_code == 200
+        add = httpx.post(
+            f"{base}/index/items", json={"items": [{"id": "p", "image": data_url(png(5))}]}
+        )
+        assert add.status_code == 200
+        assert (
+            httpx.post(f"{base}/search", json={"image": data_url(png(5)), "k": 1}).json()[
+                "results"
+            ][0]["id"]
+            == "p"
+        )
+        assert httpx.get(f"{base}/nowhere").json()["error"]["type"] == "NotFound"
+        reload = httpx.post(
+            f"{base}/admin/reload", json={"path": "a"}, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert reload.status_code == 200 and reload.json()["generation"] == 2
+        # Graceful shutdown under load: requests in flight finish; the process exits cleanly.
+        big = png(7, 1600, 1200)
+        with ThreadPoolExecutor(16) as pool:
+            futures = [
+                pool.submit(httpx.post, f"{base}/embed/image", content=big, timeout=60)
+                for _ in range(16)
+            ]
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            statuses = []
+            for f in futures:
+                try:
+                    statuses.append(f.result().status_code)
+                except httpx.TransportError:
+                    statuses.append("refused")  # sent after the listener closed: never half-served
+        assert proc.wait(60) == 0
+        assert 200 in statuses and all(s in (200, "refused") for s in statuses), statuses
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with IndexStore(tmp_path / "idx.db", readonly=True) as store:
+        assert store.integrity_ok() and store.count() == 1
+    json.dumps(statuses)

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from themis_clip.batching import MicroBatcher, QueueFullError
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_concurrent_calls_are_coalesced_in_order() -> None:
+    calls: list[list[int]] = []
+
+    def fn(items: list[int]) -> list[int]:
+        calls.append(items)
+        return [i * 10 for i in items]
+
+    async def main() -> list[int]:
+        b = MicroBatcher(fn, max_batch_size=8, max_queue_delay_ms=50)
+        out = await asyncio.gather(*(b.submit(i) for i in range(20)))
+        await b.close()
+        return list(out)
+
+    assert run(main()) == [i * 10 for i in range(20)]
+    assert [len(c) for c in calls] == [8, 8, 4]  # max_batch_size respected
+    assert [x for c in calls for x in c] == list(range(20))
+
+
+def test_a_lonely_request_waits_at_most_the_delay() -> None:
+    async def main() -> float:
+        b = MicroBatcher(lambda xs: xs, max_batch_size=64, max_queue_delay_ms=30)
+        t0 = time.monotonic()
+        assert await b.submit(1) == 1
+        await b.close()
+        return time.monotonic() - t0
+
+    assert run(main()) < 0.5
+
+
+def test_queue_full() -> None:
+    gate = threading.Event()
+
+    def slow(items: list[int]) -> list[int]:
+        gate.wait(5)
+        return items
+
+    async def main() -> None:
+        b = MicroBatcher(
+            slow, max_batch_size=1, max_queue_delay_ms=0, max_queue=2, max_concurrent_batches=1
+        )
+        first = asyncio.create_task(b.submit(0))
+        await asyncio.sleep(0.05)  # running, holding the only slot
+        waiting = [asyncio.create_task(b.submit(i)) for i in (1, 2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFullError) as info:
+            await b.submit(3)
+        assert info.value.retry_after_s >= 1
+        with pytest.raises(TimeoutError):
+            await b.submit(4, timeout_s=0.05) if b.depth < 2 else await asyncio.wait_for(
+                asyncio.sleep(1), 0.05
+            )
+        gate.set()
+        assert await first == 0 and [await w for w in waiting] == [1, 2]
+        await b.close()
+
+    run(main())
+
+
+def test_timeout_leaves_the_batch_running_for_others() -> None:
+    gate = threading.Event()
+
+    def slow(items: list[int]) -> list[int]:
+        gate.wait(5)
+        return items
+
+    async def main() -> None:
+        b = MicroBatcher(slow, max_batch_size=4, max_queue_delay_ms=20)
+        patient = asyncio.create_task(b.submit(1))
+        with pytest.raises(TimeoutError):
+            await b.submit(2, timeout_s=0.1)
+        gate.set()
+        assert await patient == 1
+        await b.close()
+
+    run(main())
+
+
+def test_batch_failure_reaches_every_caller_and_close_drains() -> None:
+    def boom(items: list[int]) -> list[int]:
+        raise RuntimeError("model exploded")
+
+    async def main() -> None:
+        b = MicroBatcher(boom, max_batch_size=4, max_queue_delay_ms=10)
+        results = await asyncio.gather(*(b.submit(i) for i in range(3)), return_exceptions=True)
+        assert all(isinstance(r, RuntimeError) for r in results)
+        ok = MicroBatcher(lambda xs: xs, max_batch_size=4, max_queue_delay_ms=200)
+        pending = [asyncio.create_task(ok.submit(i)) for i in range(3)]
+        await asyncio.sleep(0.01)
+        await ok.close()  # finishes what was queued
+        assert [p.result() for p in pending] == [0, 1, 2]
+        with pytest.raises(QueueFullError, match="shutting down"):
+            await ok.submit(9)
+
+    run(main())
