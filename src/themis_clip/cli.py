@@ -431,10 +431,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             f"model {stats['model_id']} on {stats['backend']} "
             f"({stats['embedding_dim']}-d embeddings)"
         )
-        if stats["model_variant"] == "themis-placeholder-tiny":
-            print(
-                "note: the shipped model is a random-weight placeholder; scores are not meaningful."
-            )
+        if stats["model_variant"] == "themis-demo-shapes":
+            print("note: the demo model knows generated shapes only; use --model for real CLIP.")
         index_path = str(gallery_dir.parent / "demo-index.db")
         with VectorIndex(index_path) as index:
             report = index_folder(index, gallery_dir, plugin, stamp=_stamp(plugin), progress=False)

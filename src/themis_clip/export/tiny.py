@@ -1,4 +1,4 @@
-"""Tiny CLIP-shaped ONNX towers built with the ``onnx`` helper API (tests and placeholder model).
+"""Tiny CLIP-shaped ONNX towers built with the ``onnx`` helper API (tests and layout fixtures).
 
 * Image tower: patch-embedding Conv (kernel = stride = patch) → tanh → spatial mean →
   projection. Input ``[N, 3, S, S]`` float32, output ``[N, D]``.

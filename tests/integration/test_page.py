@@ -1,0 +1,82 @@
+"""The search page in a real headless Chromium, driven over the DevTools protocol."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cdp import Browser, chromium
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        chromium() is None and not os.environ.get("CI"),
+        reason="chromium not installed (CI installs it)",
+    ),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    from themis_clip.demo.scenes import write_gallery
+
+    write_gallery(tmp_path / "gallery", 12)
+    index = str(tmp_path / "idx.db")
+    subprocess.run(
+        [exe, "index", str(tmp_path / "gallery"), "--index", index], check=True, capture_output=True
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [exe, "serve", "--port", str(port), "--index", index],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    browser = None
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        browser = Browser()
+        browser.navigate(base + "/")
+        browser.type_text("#q", "a red circle")
+        browser.press_enter()
+        count = browser.wait_for("document.querySelectorAll('img.thumb').length")
+        assert count == 12
+        # Every thumbnail really loaded from the server (decoded, non-empty).
+        browser.wait_for(
+            "[...document.querySelectorAll('img.thumb')].every(i => i.complete && i.naturalWidth > 0)"
+        )
+        status = browser.evaluate("document.getElementById('status').textContent")
+        assert status.startswith("12 results")
+        assert "q=a%20red%20circle" in browser.evaluate("location.search")
+        captions = browser.evaluate(
+            "[...document.querySelectorAll('figcaption')].map(f => f.textContent)"
+        )
+        assert all(c.split()[1].endswith(".jpg") for c in captions)
+        browser.screenshot(tmp_path / "page.png")
+        assert (tmp_path / "page.png").stat().st_size > 10_000
+    finally:
+        if browser is not None:
+            browser.close()
+        server.terminate()
+        server.wait(30)
