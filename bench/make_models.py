@@ -1,21 +1,54 @@
 """Build the benchmark models (random weights, CLIP architecture) into bench/models/ (cached).
 
-Usage: .venv/bin/python bench/make_models.py [vit-b-32] [vit-l-14]
+Two kinds:
+* ``vit-b-32`` / ``vit-l-14``: image towers built directly with the onnx helper API (fast, no
+  torch), used by the memory, reload and server benchmarks.
+* ``hf-vit-b-32`` / ``hf-vit-l-14``: full models (image and text towers) made as random
+  transformers ``CLIPModel`` checkpoints of the real architecture (vocabulary 49408) and exported
+  through this project's exporter with fp32 + int8 variants; export times are printed.
+
+Usage: .venv/bin/python bench/make_models.py [vit-b-32] [vit-l-14] [hf-vit-b-32] [hf-vit-l-14]
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from themis_clip.export.vit import VIT_B_32, VIT_L_14, ViTSpec, build_vit_visual
 
 MODELS = Path(__file__).resolve().parent / "models"
 SPECS: dict[str, ViTSpec] = {"vit-b-32": VIT_B_32, "vit-l-14": VIT_L_14}
+HF_SIZES = {
+    "hf-vit-b-32": {
+        "image_size": 224,
+        "patch": 32,
+        "vision_width": 768,
+        "vision_layers": 12,
+        "vision_heads": 12,
+        "text_width": 512,
+        "text_layers": 12,
+        "text_heads": 8,
+        "projection_dim": 512,
+    },
+    "hf-vit-l-14": {
+        "image_size": 224,
+        "patch": 14,
+        "vision_width": 1024,
+        "vision_layers": 24,
+        "vision_heads": 16,
+        "text_width": 768,
+        "text_layers": 12,
+        "text_heads": 12,
+        "projection_dim": 768,
+    },
+}
 
 
 def ensure(name: str, seed: int = 0) -> Path:
-    """Path of ``<name>[-seed]/visual.onnx``, built on first use."""
+    """Path of ``<name>[-seed]/visual.onnx`` (helper-API image tower), built on first use."""
     folder = MODELS / (name if seed == 0 else f"{name}-seed{seed}")
     path = folder / "visual.onnx"
     if not path.exists():
@@ -24,6 +57,35 @@ def ensure(name: str, seed: int = 0) -> Path:
     return path
 
 
+def ensure_exported(name: str) -> Path:
+    """A model directory exported from a random transformers checkpoint, built on first use."""
+    out = MODELS / name
+    if (out / "manifest.json").exists():
+        return out
+    from themis_clip.export.hf import create_random_checkpoint, export_hf_checkpoint
+    from themis_clip.export.tokenizer import build_clip_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        build_clip_tokenizer(Path(tmp) / "tokenizer.json")
+        ckpt = create_random_checkpoint(
+            Path(tmp) / name, Path(tmp) / "tokenizer.json", vocab_size=49408, **HF_SIZES[name]
+        )  # type: ignore[arg-type]
+        made = time.perf_counter() - t0
+        report = export_hf_checkpoint(ckpt, out, precisions=["fp32", "int8"], name=name)
+    sizes = ", ".join(
+        f"{k} {v / 2**20:.0f} MiB"
+        for k, v in report.files.items()
+        if k.endswith((".onnx", ".data"))
+    )
+    print(
+        f"{name}: checkpoint {made:.0f} s; export "
+        + ", ".join(f"{k} {v:.0f}" for k, v in report.seconds.items())
+        + f"; {sizes}"
+    )
+    return out
+
+
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ["vit-b-32"]:
-        print(ensure(name))
+    for arg in sys.argv[1:] or ["vit-b-32"]:
+        print(ensure_exported(arg) if arg.startswith("hf-") else ensure(arg))

@@ -122,10 +122,17 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("export", help="export a transformers CLIP checkpoint to a model directory")
-    p.add_argument("checkpoint", help="local CLIPModel.save_pretrained folder")
+    p.add_argument(
+        "checkpoint",
+        help="transformers CLIPModel folder, or an open_clip/OpenAI .pt with --open-clip",
+    )
     p.add_argument("out", help="model directory to write")
     p.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8")
     p.add_argument("--name", help="model name in the manifest (default: the checkpoint folder)")
+    p.add_argument(
+        "--open-clip", metavar="ARCH", help="checkpoint is open_clip's, e.g. ViT-B-32-quickgelu"
+    )
+    p.add_argument("--tokenizer", help="tokenizer.json for --open-clip checkpoints")
     p.add_argument(
         "--external-data-threshold-mb",
         type=float,
@@ -277,19 +284,32 @@ def _export_modules() -> tuple[Any, Any]:
 def _cmd_export(args: argparse.Namespace) -> int:
     hf, _ = _export_modules()
     checkpoint, out = Path(args.checkpoint), Path(args.out)
-    if not (checkpoint / "config.json").is_file():
-        raise CLIError(f"{checkpoint} is not a transformers checkpoint folder (no config.json)")
     if out.exists() and any(out.iterdir()):
         raise CLIError(f"{out} exists and is not empty")
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    options: dict[str, Any] = {
+        "precisions": precisions,
+        "name": args.name,
+        "external_data_threshold_bytes": int(args.external_data_threshold_mb * 2**20),
+    }
     try:
-        report = hf.export_hf_checkpoint(
-            checkpoint,
-            out,
-            precisions=precisions,
-            name=args.name,
-            external_data_threshold_bytes=int(args.external_data_threshold_mb * 2**20),
-        )
+        if args.open_clip:
+            from themis_clip.export.openclip import export_openclip
+
+            if not checkpoint.is_file():
+                raise CLIError(f"{checkpoint} is not a checkpoint file")
+            if not args.tokenizer or not Path(args.tokenizer).is_file():
+                raise CLIError("--open-clip needs --tokenizer PATH/tokenizer.json (CLIP's BPE)")
+            options["name"] = args.name or checkpoint.stem
+            report = export_openclip(
+                checkpoint, args.open_clip, Path(args.tokenizer), out, **options
+            )
+        else:
+            if not (checkpoint / "config.json").is_file():
+                raise CLIError(
+                    f"{checkpoint} is not a transformers checkpoint folder (no config.json)"
+                )
+            report = hf.export_hf_checkpoint(checkpoint, out, **options)
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
     print(f"exported {report.name}: {report.embedding_dim}-d, {report.image_size} px -> {out}")

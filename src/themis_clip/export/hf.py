@@ -303,6 +303,7 @@ def create_random_checkpoint(
     text_heads: int = 4,
     projection_dim: int = 32,
     context_length: int = 77,
+    vocab_size: int | None = None,
     seed: int = 0,
 ) -> Path:
     """Save a random-weight ``CLIPModel`` with tokenizer and processor files (tests, benchmarks).
@@ -316,7 +317,7 @@ def create_random_checkpoint(
     sot, eot = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
     cfg = CLIPConfig(
         text_config={
-            "vocab_size": tok.get_vocab_size(),
+            "vocab_size": max(vocab_size or 0, tok.get_vocab_size()),
             "hidden_size": text_width,
             "intermediate_size": 4 * text_width,
             "num_hidden_layers": text_layers,

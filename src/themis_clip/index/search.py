@@ -64,13 +64,24 @@ class VectorIndex:
         path: the SQLite file.
         readonly: open without writing (the HNSW graph is then memory-mapped).
         exact_threshold: collections at or below this size are searched exactly.
+        expansion_search: HNSW search breadth (higher: better recall, slower).
+        connectivity, expansion_add: HNSW graph degree and build breadth (when it is built).
     """
 
     def __init__(
-        self, path: str | Path, *, readonly: bool = False, exact_threshold: int = EXACT_THRESHOLD
+        self,
+        path: str | Path,
+        *,
+        readonly: bool = False,
+        exact_threshold: int = EXACT_THRESHOLD,
+        expansion_search: int = 1024,
+        connectivity: int = 32,
+        expansion_add: int = 128,
     ) -> None:
         self.store = IndexStore(path, readonly=readonly)
         self.exact_threshold = exact_threshold
+        self.expansion_search = expansion_search
+        self._graph = {"connectivity": connectivity, "expansion_add": expansion_add}
         self._ann_path = Path(str(path) + ".usearch")
         self._cache_version = -1
         self._ids: npt.NDArray[np.int64] = np.empty(0, np.int64)
@@ -173,12 +184,14 @@ class VectorIndex:
     def _load_or_build_ann(self, dim: int, version: int) -> HNSWIndex:
         tag = self.store.meta().get("ann_version")
         if tag == str(version):
-            ann = HNSWIndex.open(self._ann_path, view=self.store.readonly)
+            ann = HNSWIndex.open(
+                self._ann_path, view=self.store.readonly, expansion_search=self.expansion_search
+            )
             if ann is not None:
                 return ann
         log.info("building the HNSW graph for %s", self.store.path)
         ids, matrix = self.store.load_vectors(dim)
-        ann = HNSWIndex.build(ids, matrix)
+        ann = HNSWIndex.build(ids, matrix, expansion_search=self.expansion_search, **self._graph)
         if not self.store.readonly:
             ann.save(self._ann_path)
             # Saving bumps write_version; the tag records the version the graph matches.
