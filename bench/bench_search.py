@@ -32,9 +32,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--connectivity", type=int, default=32)
-    parser.add_argument("--expansion-add", type=int, default=128)
-    parser.add_argument("--sweep", default="256,512,1024,2048")
+    parser.add_argument("--connectivity", type=int, default=64)
+    parser.add_argument("--expansion-add", type=int, default=256)
+    parser.add_argument("--sweep", default="512,1024,2048,4096")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     data = unit_rows(rng, args.n, args.dim)
@@ -43,9 +43,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         t0 = time.perf_counter()
-        with VectorIndex(
-            path, connectivity=args.connectivity, expansion_add=args.expansion_add
-        ) as index:
+        with VectorIndex(path, exact_threshold=10_000, connectivity=args.connectivity,
+                         expansion_add=args.expansion_add) as index:
             index.bind_model(ModelStamp(model_id="bench@0", sha256="0" * 64, dim=args.dim))
             for start in range(0, args.n, 10_000):
                 rows = [
@@ -61,7 +60,7 @@ def main() -> None:
         sweep = {}
         open_ms = 0.0
         for es in (int(x) for x in args.sweep.split(",")):
-            with VectorIndex(path, readonly=True, expansion_search=es) as ro:  # memory-mapped graph
+            with VectorIndex(path, readonly=True, expansion_search=es, exact_threshold=10_000) as ro:  # memory-mapped graph
                 t0 = time.perf_counter()
                 ro.search(queries[0], 10)
                 open_ms = max(open_ms, (time.perf_counter() - t0) * 1000)
