@@ -43,8 +43,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
         t0 = time.perf_counter()
-        with VectorIndex(path, exact_threshold=10_000, connectivity=args.connectivity,
-                         expansion_add=args.expansion_add) as index:
+        with VectorIndex(
+            path,
+            exact_threshold=10_000,
+            connectivity=args.connectivity,
+            expansion_add=args.expansion_add,
+        ) as index:
             index.bind_model(ModelStamp(model_id="bench@0", sha256="0" * 64, dim=args.dim))
             for start in range(0, args.n, 10_000):
                 rows = [
@@ -60,7 +64,9 @@ def main() -> None:
         sweep = {}
         open_ms = 0.0
         for es in (int(x) for x in args.sweep.split(",")):
-            with VectorIndex(path, readonly=True, expansion_search=es, exact_threshold=10_000) as ro:  # memory-mapped graph
+            with VectorIndex(
+                path, readonly=True, expansion_search=es, exact_threshold=10_000
+            ) as ro:  # memory-mapped graph
                 t0 = time.perf_counter()
                 ro.search(queries[0], 10)
                 open_ms = max(open_ms, (time.perf_counter() - t0) * 1000)

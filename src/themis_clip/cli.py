@@ -95,8 +95,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
     p.add_argument("--rebuild", action="store_true", help="delete the index first")
+    p.add_argument(
+        "--from-parquet", action="store_true", help="FOLDER holds embed-dataset Parquet output"
+    )
     model_args(p)
     p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser("embed-dataset", help="embed a large collection on Ray into Parquet")
+    p.add_argument(
+        "input", help="a folder, a glob, or a .parquet/.csv listing with a 'path' column"
+    )
+    p.add_argument("output", help="folder of Parquet files (re-runs skip what it holds)")
+    p.add_argument(
+        "--ray-address", help="local (default), auto, or ray://host:port; or RAY_ADDRESS"
+    )
+    p.add_argument("--actors", type=int, default=1, help="actor pool size, one plugin each")
+    p.add_argument("--gpus-per-actor", type=float, default=0.0)
+    model_args(p)
+    p.set_defaults(func=_cmd_embed_dataset)
 
     p = sub.add_parser("search", help="search an index by text or by image")
     p.add_argument("query", nargs="?", help="text query")
@@ -355,6 +371,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise CLIError(f"not a folder: {folder}")
+    if args.from_parquet:
+        return _index_from_parquet(args, folder)
     if args.rebuild:
         for suffix in ("", "-wal", "-shm", ".usearch"):
             Path(args.index + suffix).unlink(missing_ok=True)
@@ -371,6 +389,86 @@ def _cmd_index(args: argparse.Namespace) -> int:
     finally:
         plugin.shutdown()
     _print_report(report, args.index)
+    return 0
+
+
+def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
+    from themis_clip.distributed import read_embeddings
+    from themis_clip.index.store import ItemRow
+
+    rows = read_embeddings(folder)
+    plugin = _start(args)  # the model whose identity the index records, and must match
+    try:
+        stamp = _stamp(plugin)
+    finally:
+        plugin.shutdown()
+    foreign = {m for _, m, _ in rows if m != stamp.model_id}
+    if foreign:
+        raise CLIError(
+            f"{folder} holds embeddings of {', '.join(sorted(foreign))}, not of {stamp.model_id}: "
+            "load the same model with --model, or re-embed"
+        )
+    if args.rebuild:
+        for suffix in ("", "-wal", "-shm", ".usearch"):
+            Path(args.index + suffix).unlink(missing_ok=True)
+    with VectorIndex(args.index) as index:
+        index.bind_model(stamp)
+        items = []
+        for path, _, vector in rows:
+            st = Path(path).stat() if Path(path).exists() else None
+            items.append(
+                ItemRow(
+                    key=path,
+                    path=path,
+                    vector=vector,
+                    size=st.st_size if st else None,
+                    mtime_ns=st.st_mtime_ns if st else None,
+                )
+            )
+        for start in range(0, len(items), 10_000):
+            index.store.upsert(items[start : start + 10_000], dim=stamp.dim)
+        total = index.store.count()
+    print(
+        f"{args.index}: {len(items)} embeddings loaded from {folder} ({total} items in the index)"
+    )
+    return 0
+
+
+def _cmd_embed_dataset(args: argparse.Namespace) -> int:
+    try:
+        from themis_clip.distributed import embed_dataset
+    except ImportError as exc:
+        raise CLIError(
+            f"needs the ray extra ({exc.name} is missing): pip install 'themis-onnx-clip[ray]'"
+        ) from exc
+    if args.actors < 1:
+        raise CLIError("--actors must be >= 1")
+    config = _config(args)
+    raw: dict[str, Any] = {
+        "model": {"path": config.model.path},
+        "max_batch_size": config.max_batch_size,
+        "backend": config.backend.value,
+    }
+    if config.model.variant:
+        raw["model"]["variant"] = config.model.variant
+    address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        report = embed_dataset(
+            args.input,
+            Path(args.output),
+            raw,
+            address=address,
+            actors=args.actors,
+            batch_size=config.max_batch_size,
+            num_gpus_per_actor=args.gpus_per_actor,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        raise CLIError(str(exc)) from exc
+    print(
+        f"{args.output}: {report.listed} listed, {report.skipped} already there, "
+        f"{report.embedded} embedded, {report.failed} failed ({report.seconds:.1f} s, "
+        f"{report.rate:.1f} items/s, {report.actors} actors)"
+    )
     return 0
 
 

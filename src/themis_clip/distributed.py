@@ -1,8 +1,9 @@
 """Embedding large collections on Ray Data (extra ``[ray]``): one plugin per actor.
 
 :class:`ImageBatchEmbedder` and :class:`TextBatchEmbedder` are Ray Data callable classes for
-``Dataset.map_batches(..., concurrency=N)``: each actor builds one :class:`OnnxClipPlugin` from
-the config it is given and embeds whole batches (paths or bytes; texts). Every input row comes
+``Dataset.map_batches(..., compute=ActorPoolStrategy(size=N))``: each actor builds one
+:class:`OnnxClipPlugin` from the config it is given and embeds whole batches (paths or bytes;
+texts). Every input row comes
 back with ``ok``/``error``: failed items are recorded, never dropped. :func:`embed_dataset` is the
 ``themis-clip embed-dataset`` job: list the inputs, skip those already embedded in the output,
 run the actor pool, and append Parquet files to the output folder.
@@ -108,19 +109,13 @@ def list_inputs(source: str) -> list[str]:
 
 
 def done_paths(output: Path) -> set[str]:
-    """Paths already embedded successfully in the output folder's Parquet files."""
+    """Paths already recorded (embedded or failed) in the output folder's Parquet files."""
     if not output.is_dir() or not any(output.glob("*.parquet")):
         return set()
     import pyarrow.dataset as pads
 
-    table = pads.dataset(str(output), format="parquet").to_table(columns=["path", "ok"])
-    return {
-        p
-        for p, ok in zip(
-            table.column("path").to_pylist(), table.column("ok").to_pylist(), strict=True
-        )
-        if ok
-    }
+    table = pads.dataset(str(output), format="parquet").to_table(columns=["path"])
+    return set(table.column("path").to_pylist())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,12 +147,14 @@ def embed_dataset(
 
     Args:
         source: a folder, a glob, or a Parquet/CSV listing with a ``path`` column.
-        output: folder of Parquet files; items already embedded there (``ok``) are skipped,
-            failed ones are retried.
+        output: folder of Parquet files; items already recorded there (embedded or failed) are
+            skipped, so an interrupted or repeated run only does what is left.
         config: the plugin config as a JSON-like mapping (shipped to every actor).
         address: ``None``/``"local"`` starts a local Ray; ``"auto"`` or ``ray://host:port``
             joins a cluster.
         actors: actor pool size (one plugin each).
+        batch_size: items per ``map_batches`` call (and per model call on the actor).
+        num_cpus_per_actor, num_gpus_per_actor: resources each actor reserves.
     """
     import ray
 
@@ -165,16 +162,21 @@ def embed_dataset(
     paths = list_inputs(source)
     done = done_paths(output)
     todo = [p for p in paths if p not in done]
-    report = {"listed": len(paths), "skipped": len(paths) - len(todo)}
+    listed, skipped = len(paths), len(paths) - len(todo)
     if not todo:
         return DatasetReport(
-            **report, embedded=0, failed=0, seconds=time.perf_counter() - t0, actors=actors
+            listed=listed,
+            skipped=skipped,
+            embedded=0,
+            failed=0,
+            seconds=time.perf_counter() - t0,
+            actors=actors,
         )
     started_here = not ray.is_initialized()
     if started_here:
         if address in (None, "local"):
             ray.init(
-                num_cpus=max(actors * int(num_cpus_per_actor), 1),
+                num_cpus=max(int(actors * num_cpus_per_actor), 1),
                 include_dashboard=False,
                 log_to_driver=False,
                 configure_logging=False,
@@ -182,29 +184,34 @@ def embed_dataset(
         else:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
     try:
-        ds = ray.data.from_items([{"path": p} for p in todo])
-        ds = ds.map_batches(
+        blocks = max(actors * 4, len(todo) // max(batch_size, 1))
+        items = ray.data.from_items([{"path": p} for p in todo], override_num_blocks=blocks)
+        embedded = items.map_batches(
             ImageBatchEmbedder,
             fn_constructor_kwargs={"config": dict(config)},
             batch_size=batch_size,
-            concurrency=actors,
+            compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=num_cpus_per_actor,
             num_gpus=num_gpus_per_actor,
             batch_format="numpy",
         )
-        ds = ds.map_batches(_to_lists, batch_format="pyarrow")
         output.mkdir(parents=True, exist_ok=True)
-        ds.write_parquet(str(output), filename_provider=None)
-        counts = ray.data.read_parquet(str(output)).to_pandas()[["path", "ok"]]
+        embedded.map_batches(_to_lists, batch_format="pyarrow").write_parquet(str(output))
     finally:
         if started_here:
             ray.shutdown()
-    current = counts[counts["path"].isin(set(todo))].drop_duplicates("path", keep="last")
-    ok = int(current["ok"].sum())
+    import pyarrow.dataset as pads
+
+    table = pads.dataset(str(output), format="parquet").to_table(columns=["path", "ok"])
+    status = dict(
+        zip(table.column("path").to_pylist(), table.column("ok").to_pylist(), strict=True)
+    )
+    ok = sum(1 for p in todo if status.get(p))
     return DatasetReport(
-        **report,
+        listed=listed,
+        skipped=skipped,
         embedded=ok,
-        failed=len(current) - ok,
+        failed=len(todo) - ok,
         seconds=time.perf_counter() - t0,
         actors=actors,
     )
@@ -225,3 +232,21 @@ def _to_lists(table: Any) -> Any:
         [r.tolist() if r is not None else None for r in rows], type=pa.list_(pa.float32())
     )
     return table.set_column(table.column_names.index("embedding"), "embedding", column)
+
+
+def read_embeddings(output: Path) -> list[tuple[str, str, np.ndarray]]:
+    """``(path, model_id, embedding)`` of every successfully embedded row in ``output``."""
+    import pyarrow.dataset as pads
+
+    if not output.exists():
+        raise FileNotFoundError(f"no embeddings at {output}")
+    table = pads.dataset(str(output), format="parquet").to_table(
+        columns=["path", "model_id", "embedding", "ok"]
+    )
+    rows = []
+    for path, model_id, vector, ok in zip(
+        *(table.column(c).to_pylist() for c in ("path", "model_id", "embedding", "ok")), strict=True
+    ):
+        if ok and vector is not None:
+            rows.append((path, model_id, np.asarray(vector, dtype=np.float32)))
+    return rows
