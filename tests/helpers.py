@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -58,3 +61,29 @@ def make_plugin(model_dir: Path, **config: object) -> OnnxClipPlugin:
     cfg = PluginConfig(model=ModelConfig(path=str(model_dir), **model_keys), **config)  # type: ignore[arg-type]
     assert plugin.initialize(cfg), plugin.last_error
     return plugin
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(base: str, proc: subprocess.Popen[Any], timeout_s: float = 60) -> None:
+    """Poll ``/readyz`` until the server subprocess is ready (or fail with its stderr)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited: {proc.stderr.read() if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            raise AssertionError("server never became ready")
+        time.sleep(0.2)

@@ -374,8 +374,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if args.from_parquet:
         return _index_from_parquet(args, folder)
     if args.rebuild:
-        for suffix in ("", "-wal", "-shm", ".usearch"):
-            Path(args.index + suffix).unlink(missing_ok=True)
+        _remove_index(args.index)
     plugin = _start(args)
     try:
         with VectorIndex(args.index) as index:
@@ -390,6 +389,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
         plugin.shutdown()
     _print_report(report, args.index)
     return 0
+
+
+def _remove_index(path: str) -> None:
+    for suffix in ("", "-wal", "-shm", ".usearch"):
+        Path(path + suffix).unlink(missing_ok=True)
 
 
 def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
@@ -409,8 +413,7 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
             "load the same model with --model, or re-embed"
         )
     if args.rebuild:
-        for suffix in ("", "-wal", "-shm", ".usearch"):
-            Path(args.index + suffix).unlink(missing_ok=True)
+        _remove_index(args.index)
     with VectorIndex(args.index) as index:
         index.bind_model(stamp)
         items = []

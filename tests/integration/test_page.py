@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.cdp import Browser, chromium
+from tests.helpers import free_port, wait_ready
 
 pytestmark = [
     pytest.mark.slow,
@@ -21,12 +19,6 @@ pytestmark = [
         reason="chromium not installed (CI installs it)",
     ),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
@@ -47,15 +39,7 @@ def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     browser = None
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_ready(base, server)
         browser = Browser()
         browser.navigate(base + "/")
         browser.type_text("#q", "a red circle")

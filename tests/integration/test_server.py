@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from tests.helpers import photo_like
+from tests.helpers import free_port, photo_like, wait_ready
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.index.store import IndexStore
 from themis_clip.runtime import ORTSession, create_session
@@ -307,12 +306,6 @@ def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Pat
         assert c.post("/embed/image", content=png(1)).status_code == 200  # nothing poisoned
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: Path) -> None:
     port = free_port()
@@ -338,16 +331,7 @@ def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: P
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "server never became ready"
-            time.sleep(0.2)
+        wait_ready(base, proc)
         assert httpx.post(f"{base}/embed/text", json={"text": "a red circle"}).status_code == 200
         add = httpx.post(
             f"{base}/index/items", json={"items": [{"id": "p", "image": data_url(png(5))}]}

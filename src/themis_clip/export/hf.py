@@ -35,6 +35,8 @@ import torch
 
 from themis_clip.config import CLIP_MEAN, CLIP_STD
 from themis_clip.models.layout import write_manifest
+from themis_clip.models.peers import HF_RESAMPLE
+from themis_clip.preprocess.text import pad_id_from_config
 
 __all__ = [
     "PRECISIONS",
@@ -49,7 +51,6 @@ log = logging.getLogger(__name__)
 PRECISIONS = ("fp32", "fp16", "int8")
 TWO_GB = 2 * 1024**3
 _OPSET = 18
-_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,16 +263,7 @@ def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(target))
-    pad_id = 0
-    config = checkpoint / "tokenizer_config.json"
-    if config.is_file():
-        pad = json.loads(config.read_text("utf-8")).get("pad_token")
-        if isinstance(pad, dict):
-            pad = pad.get("content")
-        found = tok.token_to_id(pad) if isinstance(pad, str) else None
-        if found is not None:
-            pad_id = int(found)
-    return target, pad_id
+    return target, pad_id_from_config(checkpoint / "tokenizer_config.json", tok)
 
 
 def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
@@ -285,8 +277,20 @@ def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
         "mean": list(pre.get("image_mean", CLIP_MEAN)),
         "std": list(pre.get("image_std", CLIP_STD)),
         "resize_mode": "shortest" if pre.get("do_center_crop", True) else "squash",
-        "interpolation": _RESAMPLE.get(pre.get("resample", 3), "bicubic"),
+        "interpolation": HF_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
     }
+
+
+def save_image_processor(out_dir: Path, image_size: int) -> None:
+    """Write CLIP's ``preprocessor_config.json`` (shortest-side resize, centre crop, mean/std)."""
+    from transformers import CLIPImageProcessor
+
+    CLIPImageProcessor(
+        size={"shortest_edge": image_size},
+        crop_size={"height": image_size, "width": image_size},
+        image_mean=list(CLIP_MEAN),
+        image_std=list(CLIP_STD),
+    ).save_pretrained(str(out_dir))
 
 
 def create_random_checkpoint(
@@ -311,7 +315,7 @@ def create_random_checkpoint(
     The architecture is CLIP's (quick_gelu, pre-LN); pass ViT-B/32 sizes for a benchmark model.
     """
     from tokenizers import Tokenizer
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, PreTrainedTokenizerFast
+    from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
 
     tok = Tokenizer.from_file(str(tokenizer_json))
     sot, eot = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
@@ -349,10 +353,5 @@ def create_random_checkpoint(
         unk_token="<|endoftext|>",
     )
     fast.save_pretrained(str(out_dir))
-    CLIPImageProcessor(
-        size={"shortest_edge": image_size},
-        crop_size={"height": image_size, "width": image_size},
-        image_mean=list(CLIP_MEAN),
-        image_std=list(CLIP_STD),
-    ).save_pretrained(str(out_dir))
+    save_image_processor(out_dir, image_size)
     return out_dir

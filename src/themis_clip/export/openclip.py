@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD
-
 __all__ = ["OPEN_CLIP_ARCHITECTURES", "hf_state_dict", "load_openclip_as_hf", "to_hf_checkpoint"]
 
 #: Architectures this converter knows (ViT towers); the ``-quickgelu`` ones use QuickGELU.
@@ -175,19 +173,13 @@ def to_hf_checkpoint(
     """Write a transformers checkpoint folder (weights, tokenizer, preprocessor) to export."""
     import shutil
 
-    from transformers import CLIPImageProcessor
+    from themis_clip.export.hf import save_image_processor
 
     model = load_openclip_as_hf(checkpoint, architecture)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     shutil.copy(tokenizer_json, out_dir / "tokenizer.json")
-    size = model.config.vision_config.image_size
-    CLIPImageProcessor(
-        size={"shortest_edge": size},
-        crop_size={"height": size, "width": size},
-        image_mean=list(CLIP_MEAN),
-        image_std=list(CLIP_STD),
-    ).save_pretrained(str(out_dir))
+    save_image_processor(out_dir, model.config.vision_config.image_size)
     (out_dir / "tokenizer_config.json").write_text('{"pad_token": "<|endoftext|>"}')
     return out_dir
 

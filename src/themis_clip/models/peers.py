@@ -31,7 +31,7 @@ from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
 from themis_clip.errors import ModelFormatError
 from themis_clip.models.spec import ImageSpec, ModelSpec
 
-__all__ = ["XENOVA_SUFFIXES", "detect_peer_layout"]
+__all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
 
 #: transformers.js file suffix per variant name.
 XENOVA_SUFFIXES = {
@@ -44,7 +44,8 @@ XENOVA_SUFFIXES = {
     "q4f16": "_q4f16",
     "bnb4": "_bnb4",
 }
-_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+#: Hugging Face image processors' ``resample`` (PIL enum values) → our interpolation names.
+HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -165,7 +166,7 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
             mean=_triple(pre.get("image_mean"), CLIP_MEAN, pre_path),
             std=_triple(pre.get("image_std"), CLIP_STD, pre_path),
             resize_mode=ResizeMode.SHORTEST if crop else ResizeMode.SQUASH,
-            interpolation=_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
+            interpolation=HF_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
         ),
         context_length=int(text_cfg.get("max_position_embeddings") or 77),
         variant=chosen,

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from themis_clip.errors import ModelFormatError, TextInputError
 
-__all__ = ["EOT_TOKEN", "SOT_TOKEN", "CLIPTokenizer", "TokenBatch"]
+__all__ = ["EOT_TOKEN", "SOT_TOKEN", "CLIPTokenizer", "TokenBatch", "pad_id_from_config"]
 
 SOT_TOKEN = "<|startoftext|>"
 EOT_TOKEN = "<|endoftext|>"
@@ -72,7 +72,9 @@ class CLIPTokenizer:
         self.sot_id: int = sot
         self.eot_id: int = eot
         self.context_length = context_length
-        self.pad_id: int = pad_id if pad_id is not None else _pad_from_config(path, self._tokenizer)
+        if pad_id is None:
+            pad_id = pad_id_from_config(path.parent / "tokenizer_config.json", self._tokenizer)
+        self.pad_id: int = pad_id
         # Characters beyond this cannot contribute tokens inside the context (a token spans
         # at least one character); text longer than this is cut before tokenising.
         self._char_limit = 64 * context_length
@@ -122,8 +124,8 @@ def _clean(text: str) -> str:
     return _WHITESPACE.sub(" ", text).strip().lower()
 
 
-def _pad_from_config(path: Path, tokenizer: Any) -> int:
-    config = path.parent / "tokenizer_config.json"
+def pad_id_from_config(config: Path, tokenizer: Any) -> int:
+    """The id of ``pad_token`` in a ``tokenizer_config.json``; 0 (OpenAI's) when it has none."""
     if config.is_file():
         try:
             pad = json.loads(config.read_text("utf-8")).get("pad_token")

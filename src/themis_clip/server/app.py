@@ -18,11 +18,11 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -63,6 +63,8 @@ from themis_clip.server.schemas import (
 __all__ = ["ServerSettings", "create_app"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,21 +291,18 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         p = state.plugin
         if not p.is_ready() and not await asyncio.to_thread(p.initialize, settings.plugin_config):
             raise RuntimeError(f"cannot load the model: {p.last_error}")
-        size = settings.plugin_config.max_batch_size
-        state.image_batcher = MicroBatcher(
-            p.generate_embedding_batch,
-            max_batch_size=size,
-            max_queue_delay_ms=settings.max_queue_delay_ms,
-            max_queue=settings.max_queue,
-            on_batch=lambda n: batch_sizes.labels("image").observe(n),
-        )
-        state.text_batcher = MicroBatcher(
-            p.generate_text_embedding_batch,
-            max_batch_size=size,
-            max_queue_delay_ms=settings.max_queue_delay_ms,
-            max_queue=settings.max_queue,
-            on_batch=lambda n: batch_sizes.labels("text").observe(n),
-        )
+
+        def batcher(fn: Callable[[list[_T]], Sequence[_R]], modality: str) -> MicroBatcher[_T, _R]:
+            return MicroBatcher(
+                fn,
+                max_batch_size=settings.plugin_config.max_batch_size,
+                max_queue_delay_ms=settings.max_queue_delay_ms,
+                max_queue=settings.max_queue,
+                on_batch=lambda n: batch_sizes.labels(modality).observe(n),
+            )
+
+        state.image_batcher = batcher(p.generate_embedding_batch, "image")
+        state.text_batcher = batcher(p.generate_text_embedding_batch, "text")
         if settings.index_path:
             state.index = await asyncio.to_thread(VectorIndex, settings.index_path)
         warm: asyncio.Task[None] | None = None
