@@ -122,7 +122,9 @@ def _open(fp: Any, what: str) -> Image.Image:
     except UnidentifiedImageError:
         raise ImageDecodeError(f"{what}: not a recognised image format") from None
     except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"{what}: {exc}") from None
+        raise ImageTooLargeError(
+            f"{what}: image size is above the limit (decompression-bomb guard): {exc}"
+        ) from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise ImageDecodeError(f"{what}: truncated or corrupt image header: {exc}") from exc
 

@@ -18,7 +18,7 @@ import hmac
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -409,6 +409,17 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         assert state.text_batcher is not None
         return await state.text_batcher.submit(text, timeout_s=settings.request_timeout_s)
 
+    async def embed_all(
+        items: list[Any], one: Callable[[Any], Awaitable[EmbeddingResult]]
+    ) -> list[EmbeddingResult]:
+        """Embed a request's items, all by one model (re-run when a hot swap split them)."""
+        results: list[EmbeddingResult] = []
+        for _ in range(3):
+            results = list(await asyncio.gather(*(one(x) for x in items)))
+            if len({r.model_id for r in results if r.ok}) <= 1:
+                break
+        return results
+
     def model_id() -> str | None:
         identity = state.plugin.model_identity
         return identity.model_id if identity else None
@@ -468,10 +479,9 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         if len(inputs) > 2048:
             raise APIError(422, "ValidationError", "input: at most 2048 items")
         if body.modality == "image":
-            data = [_decode_image_field(x) for x in inputs]
-            results = await asyncio.gather(*(embed_image(d) for d in data))
+            results = await embed_all([_decode_image_field(x) for x in inputs], embed_image)
         else:
-            results = await asyncio.gather(*(embed_text(t) for t in inputs))
+            results = await embed_all(list(inputs), embed_text)
         for i, r in enumerate(results):
             _raise_for(r, f"input[{i}]")
         rows = []
@@ -486,7 +496,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         return {
             "object": "list",
             "data": rows,
-            "model": model_id(),
+            "model": results[0].model_id,
             "usage": {"prompt_tokens": 0, "total_tokens": 0},
         }
 
@@ -517,20 +527,20 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         if (body.text is None) == (body.texts is None):
             raise APIError(422, "ValidationError", "give exactly one of 'text' or 'texts'")
         texts = [body.text] if body.text is not None else list(body.texts or [])
-        results = await asyncio.gather(*(embed_text(t) for t in texts))
+        results = await embed_all(texts, embed_text)
         for i, r in enumerate(results):
             _raise_for(r, f"texts[{i}]")
         return {
             "embeddings": [_vector(r) for r in results],
             "truncated": [r.truncated for r in results],
-            "model_id": model_id(),
+            "model_id": results[0].model_id,
         }
 
     @app.post("/index/items")
     async def index_items(body: IndexItemsRequest) -> dict[str, Any]:
         idx = index()
         data = [_decode_image_field(item.image) for item in body.items]
-        results = await asyncio.gather(*(embed_image(d) for d in data))
+        results = await embed_all(data, embed_image)
         for item, r in zip(body.items, results, strict=True):
             _raise_for(r, f"item {item.id!r}")
         thumbs = await asyncio.to_thread(lambda: [make_thumbnail(d) for d in data])
@@ -539,6 +549,13 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
             for item, r, t in zip(body.items, results, thumbs, strict=True)
         ]
         current = stamp()
+        if results[0].model_id != current.model_id:  # swapped between embedding and now
+            raise APIError(
+                503,
+                "ModelChanged",
+                "the model was swapped during this request; retry",
+                headers={"Retry-After": "1"},
+            )
 
         def write() -> None:
             with state.index_lock:
@@ -562,16 +579,20 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
             if not np.isfinite(norm) or norm == 0:
                 raise APIError(422, "ValidationError", "vector must be finite and non-zero")
             query /= norm
+            current = stamp()
         else:
-            result = await (
-                embed_text(body.text)
-                if body.text is not None
-                else embed_image(_decode_image_field(body.image or ""))
-            )
-            _raise_for(result, "query")
+            for _ in range(3):  # the query and the index check must see the same model
+                result = await (
+                    embed_text(body.text)
+                    if body.text is not None
+                    else embed_image(_decode_image_field(body.image or ""))
+                )
+                _raise_for(result, "query")
+                current = stamp()
+                if result.model_id == current.model_id:
+                    break
             assert result.embedding is not None
             query = result.embedding
-        current = stamp()
 
         def run() -> tuple[list[Any], str]:
             with state.index_lock:
