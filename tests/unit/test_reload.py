@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import threading
 import time
@@ -448,3 +449,29 @@ def test_injected_hash_function_is_used_for_reload(
         "tokenizer.json",
     } <= set(hashed)
     p.shutdown()
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_model_files_changed_or_deleted_while_loaded(
+    tiny_model_dir: Path, tmp_path: Path, mmap: bool
+) -> None:
+    model = Path(shutil.copytree(tiny_model_dir, tmp_path / "m"))
+    plugin = OnnxClipPlugin()
+    cfg = config(model, enable_mmap_loading=mmap)
+    assert plugin.initialize(cfg)
+    before = plugin.generate_embedding(IMAGES[0]).embedding
+    digest = hashlib.sha256((model / "manifest.json").read_bytes()).hexdigest()
+    # Overwritten on disk: the running model is unaffected; a verified reload reports it.
+    (model / "visual.onnx").write_bytes(b"\x08\x01 replaced with garbage")
+    assert np.array_equal(plugin.generate_embedding(IMAGES[0]).embedding, before)
+    assert not plugin.reload_model(config(model, expected_sha256=digest, enable_mmap_loading=mmap))
+    assert "SHA-256 mismatch for" in (plugin.last_error or "") and "visual.onnx" in (
+        plugin.last_error or ""
+    )
+    # Deleted: still unaffected; a reload says the file is missing.
+    shutil.rmtree(model)
+    assert np.array_equal(plugin.generate_embedding(IMAGES[0]).embedding, before)
+    assert plugin.generate_text_embedding("a red circle").ok
+    assert not plugin.reload_model(cfg)
+    assert "not found" in (plugin.last_error or "")
+    plugin.shutdown()

@@ -14,6 +14,9 @@ Deliberate differences from the reference, each switchable or harmless to parity
   8 bits before anything else. Pillow's own conversion clips them at 255, which turns every
   16-bit PNG white; the reference inherits that bug.
 * Images whose header declares more than ``max_image_pixels`` are refused before decoding.
+* Beyond a 16:1 aspect ratio only the region that survives the crop is resampled (the
+  reference would build a 224 x 22,400,000 intermediate for a 1x100000 image); pixels may
+  differ from the reference by one 8-bit level there.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ __all__ = ["ImagePreprocessor", "decode_image", "make_thumbnail", "preprocess_im
 
 log = logging.getLogger(__name__)
 
+# Above this aspect ratio the shortest-side resize is done on the cropped region only.
+_MAX_INTERMEDIATE = 16
 _HIGH_DEPTH_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I", "F"})
 RESAMPLING = {
     "nearest": Image.Resampling.NEAREST,
@@ -174,11 +179,19 @@ def _resize_crop(img: Image.Image, spec: ImageSpec) -> Image.Image:
             new_w, new_h = size, int(size * height / width)
         else:
             new_w, new_h = int(size * width / height), size
-        img = img.resize((new_w, new_h), bicubic)
         top = round((new_h - size) / 2.0)  # round-half-to-even, like torchvision
         left = round((new_w - size) / 2.0)
-        if (left, top, new_w, new_h) != (0, 0, size, size):
-            img = img.crop((left, top, left + size, top + size))
+        if new_w * new_h <= _MAX_INTERMEDIATE * size * size:
+            img = img.resize((new_w, new_h), bicubic)
+            if (left, top, new_w, new_h) != (0, 0, size, size):
+                img = img.crop((left, top, left + size, top + size))
+        else:
+            # Extreme aspect ratio (1x100000 would resize to 224x22,400,000 first): resample
+            # only the region that survives the crop. Same filter centres; pixels may differ
+            # from the reference by one 8-bit level.
+            sx, sy = width / new_w, height / new_h
+            box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+            img = img.resize((size, size), bicubic, box=box)
     if img.mode != "RGB":  # convert() copies even when already RGB (~40 ms at 12 MP)
         img = img.convert("RGB")
     return img
