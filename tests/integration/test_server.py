@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -371,3 +372,53 @@ def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: P
     with IndexStore(tmp_path / "idx.db", readonly=True) as store:
         assert store.integrity_ok() and store.count() == 1
     json.dumps(statuses)
+
+
+@pytest.mark.slow
+def test_slow_and_vanishing_clients_do_not_hurt_others(model_root: Path, tmp_path: Path) -> None:
+    port = free_port()
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    proc = subprocess.Popen(
+        [exe, "serve", "--port", str(port), "--model", str(model_root / "a"), "--no-warmup"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc)
+        body = png(3)
+        head = (
+            f"POST /embed/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+        for s in slow:  # slowloris: headers and a trickle of body, then nothing
+            s.sendall(head + body[:10])
+        for _ in range(4):  # clients that vanish mid-body and right after sending everything
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(head + body[: len(body) // 2])
+            s.close()
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(head + body)
+            s.close()
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            results = list(
+                pool.map(
+                    lambda i: httpx.post(f"{base}/embed/image", content=png(i), timeout=30),
+                    range(16),
+                )
+            )
+        assert all(r.status_code == 200 for r in results)
+        assert time.monotonic() - t0 < 20  # served while the slow clients hang on
+        for s in slow:  # the slow clients finally finish: still answered correctly
+            s.sendall(body[10:])
+        for s in slow:
+            s.settimeout(30)
+            assert s.recv(64).startswith(b"HTTP/1.1 200")
+            s.close()
+        assert proc.poll() is None and httpx.get(f"{base}/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
