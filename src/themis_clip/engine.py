@@ -350,6 +350,7 @@ class ClipModel:
                     image_spec,
                     apply_exif=config.preprocess.apply_exif,
                     max_image_pixels=config.preprocess.max_image_pixels,
+                    decode_mode=config.preprocess.decode_mode,
                 )
             except ValueError as exc:
                 raise ModelFormatError(f"{spec.root}: {exc}") from exc

@@ -56,6 +56,7 @@ def test_defaults_and_extra_keys() -> None:
     assert config.preprocess.resize_mode is ResizeMode.SQUASH
     assert config.preprocess.mean == (0.5, 0.5, 0.5)
     assert config.preprocess.apply_exif is False
+    assert PluginConfig.from_dict({"model": {"path": "m"}}).preprocess.decode_mode == "fast"
     assert config.tensorrt.fp16 is True
     assert config.drain_timeout_s == 5.0
     assert config.allow_embedding_space_change is True
@@ -83,6 +84,10 @@ def test_defaults_and_extra_keys() -> None:
         ({"model": {"path": "m"}, "preprocess": {"resize_mode": "crop"}}, "preprocess.resize_mode"),
         ({"model": {"path": "m"}, "preprocess": {"mean": [1, 2]}}, "preprocess.mean"),
         ({"model": {"path": "m"}, "preprocess": {"std": [1, 0, 1]}}, "preprocess.std"),
+        (
+            {"model": {"path": "m"}, "preprocess": {"decode_mode": "turbo"}},
+            "preprocess.decode_mode",
+        ),
         ({"model": {"path": "m"}, "drain_timeout_s": -1}, "drain_timeout_s"),
         ({"model": {"path": "m"}, "drain_timeout_s": "30"}, "drain_timeout_s"),
         ({"model": {"path": "m"}, "tensorrt": []}, "tensorrt"),

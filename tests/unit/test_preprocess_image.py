@@ -265,3 +265,21 @@ def test_extreme_aspect_ratio_is_cheap_and_close_to_the_reference() -> None:
     t0 = time.perf_counter()
     assert preprocess_image(Image.new("L", (1, 100_000), 128)).shape == (3, 224, 224)
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_fast_decode_uses_dct_scaling_for_large_jpegs_only() -> None:
+    jpeg = encode(rgb(1200, 900, 40), "JPEG", quality=92)
+    # Smallest DCT scale keeping the short side >= 2 x 224: 1/2 -> 600x450.
+    assert decode_image(jpeg, draft_min_side=448).size == (600, 450)
+    assert decode_image(jpeg).size == (1200, 900)
+    exact = preprocess_image(jpeg)
+    fast = preprocess_image(jpeg, decode_mode="fast")
+    assert not np.array_equal(exact, fast)
+    cos = float(np.sum(exact * fast) / np.linalg.norm(exact) / np.linalg.norm(fast))
+    assert cos > 0.999 and np.abs(exact - fast).max() < 0.25
+    small = encode(rgb(400, 300, 41), "JPEG")  # short side < 2 x 224: decoded in full either way
+    assert np.array_equal(preprocess_image(small), preprocess_image(small, decode_mode="fast"))
+    png = encode(rgb(1200, 900, 42), "PNG")  # not a JPEG: nothing to scale
+    assert np.array_equal(preprocess_image(png), preprocess_image(png, decode_mode="fast"))
+    with pytest.raises(ValueError, match="decode_mode"):
+        preprocess_image(png, decode_mode="turbo")
