@@ -277,7 +277,7 @@ class Hold:
 def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Path) -> None:
     hold = Hold()
     app = create_app(
-        settings(model_root, tmp_path, batch=1, max_queue=1, request_timeout_s=5),
+        settings(model_root, tmp_path, batch=1, max_queue=1, request_timeout_s=20, warmup=False),
         plugin=OnnxClipPlugin(session_factory=hold.factory),
     )
     with TestClient(app) as c:
@@ -286,7 +286,7 @@ def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Pat
             running = [
                 pool.submit(c.post, "/embed/image", content=png(i)) for i in range(3)
             ]  # 2 batches + 1 queued
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 60
             while c.get("/stats").json()["server"]["image_queue_depth"] < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
@@ -297,7 +297,7 @@ def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Pat
             assert [f.result().status_code for f in running] == [200, 200, 200]
     hold = Hold()
     app = create_app(
-        settings(model_root, tmp_path, request_timeout_s=0.3),
+        settings(model_root, tmp_path, request_timeout_s=0.3, warmup=False),
         plugin=OnnxClipPlugin(session_factory=hold.factory),
     )
     with TestClient(app) as c:
