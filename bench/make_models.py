@@ -60,19 +60,29 @@ def ensure(name: str, seed: int = 0) -> Path:
 def ensure_exported(name: str) -> Path:
     """A model directory exported from a random transformers checkpoint, built on first use."""
     out = MODELS / name
-    if (out / "manifest.json").exists():
+    if (out / "manifest.json").exists() and (
+        MODELS / f"{name}-checkpoint" / "config.json"
+    ).exists():
         return out
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
     from themis_clip.export.hf import create_random_checkpoint, export_hf_checkpoint
     from themis_clip.export.tokenizer import build_clip_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         build_clip_tokenizer(Path(tmp) / "tokenizer.json")
+        # The checkpoint is kept: it is the PyTorch reference for the pipeline benchmark.
         ckpt = create_random_checkpoint(
-            Path(tmp) / name, Path(tmp) / "tokenizer.json", vocab_size=49408, **HF_SIZES[name]
+            MODELS / f"{name}-checkpoint",
+            Path(tmp) / "tokenizer.json",
+            vocab_size=49408,
+            **HF_SIZES[name],
         )  # type: ignore[arg-type]
         made = time.perf_counter() - t0
         report = export_hf_checkpoint(ckpt, out, precisions=["fp32", "int8"], name=name)
+
     sizes = ", ".join(
         f"{k} {v / 2**20:.0f} MiB"
         for k, v in report.files.items()
