@@ -31,7 +31,7 @@ from themis_clip.interface import BackendType
 from themis_clip.models.external_data import MappingUnavailable, mapped_model
 from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.layout import model_identity_digest, resolve_model
-from themis_clip.models.spec import ModelSpec
+from themis_clip.models.spec import ImageSpec, ModelSpec
 from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.preprocess.text import CLIPTokenizer
 from themis_clip.runtime import (
@@ -485,7 +485,7 @@ def _resolve_dim(
     return probe_dim
 
 
-def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> Any:
+def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> ImageSpec:
     pre = config.preprocess
     image = spec.image
     declares_size = spec.layout in ("themis", "immich", "transformers.js")

@@ -205,6 +205,7 @@ def test_error_paths(client: TestClient, model_root: Path, tmp_path: Path) -> No
     )  # no Content-Length
     error(client.post("/embed/text", json={"text": "a", "texts": ["b"]}), 422, "ValidationError")
     error(client.post("/embed/text", json={"text": "a", "extra": 1}), 422, "ValidationError")
+    error(client.post("/embed/text", json={"texts": []}), 422, "ValidationError")
     error(client.post("/search", json={"text": "a", "vector": [1.0]}), 422, "ValidationError")
     error(client.post("/search", json={"text": "a", "k": 0}), 422, "ValidationError")
     error(client.post("/search", json={"vector": [0.0] * 32}), 422, "ValidationError")

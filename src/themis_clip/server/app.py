@@ -527,6 +527,8 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         if (body.text is None) == (body.texts is None):
             raise APIError(422, "ValidationError", "give exactly one of 'text' or 'texts'")
         texts = [body.text] if body.text is not None else list(body.texts or [])
+        if not texts:
+            raise APIError(422, "ValidationError", "texts: at least one text is required")
         results = await embed_all(texts, embed_text)
         for i, r in enumerate(results):
             _raise_for(r, f"texts[{i}]")
