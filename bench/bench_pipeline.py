@@ -126,7 +126,41 @@ def images(folder: Path, n: int, size: tuple[int, int]) -> Path:
 
 def captions(path: Path, n: int) -> Path:
     rng = np.random.default_rng(0)
-    words = ["a", "photo", "of", "the", "dog", "cat", "man", "woman", "child", "car", "street", "house", "tree", "beach", "mountain", "city", "night", "red", "blue", "green", "small", "large", "old", "new", "running", "sitting", "standing", "under", "near", "with", "and", "in", "on"]
+    words = [
+        "a",
+        "photo",
+        "of",
+        "the",
+        "dog",
+        "cat",
+        "man",
+        "woman",
+        "child",
+        "car",
+        "street",
+        "house",
+        "tree",
+        "beach",
+        "mountain",
+        "city",
+        "night",
+        "red",
+        "blue",
+        "green",
+        "small",
+        "large",
+        "old",
+        "new",
+        "running",
+        "sitting",
+        "standing",
+        "under",
+        "near",
+        "with",
+        "and",
+        "in",
+        "on",
+    ]
     lines = [" ".join(rng.choice(words, size=int(rng.integers(3, 40)))) for _ in range(n)]
     path.write_text("\n".join(lines))
     return path
