@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -276,36 +278,61 @@ class Hold:
 
 
 def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Path) -> None:
-    hold = Hold()
-    app = create_app(
-        settings(model_root, tmp_path, batch=1, max_queue=1, request_timeout_s=20, warmup=False),
-        plugin=OnnxClipPlugin(session_factory=hold.factory),
-    )
-    with TestClient(app) as c:
-        hold.released.clear()
-        with ThreadPoolExecutor(4) as pool:
-            running = [
-                pool.submit(c.post, "/embed/image", content=png(i)) for i in range(3)
-            ]  # 2 batches + 1 queued
-            deadline = time.monotonic() + 60
-            while c.get("/stats").json()["server"]["image_queue_depth"] < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            full = c.post("/embed/image", content=png(9))
-            assert "queue full" in error(full, 429, "QueueFullError")
-            assert int(full.headers["Retry-After"]) >= 1
+    # One event loop drives everything (httpx over ASGI, the app's own lifespan): deterministic.
+    async def scenario() -> None:
+        hold = Hold()
+        app = create_app(
+            settings(
+                model_root, tmp_path, batch=1, max_queue=1, request_timeout_s=20, warmup=False
+            ),
+            plugin=OnnxClipPlugin(session_factory=hold.factory),
+        )
+        async with app.router.lifespan_context(app):
+            state = app.state.themis
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t"
+            ) as c:
+                hold.released.clear()
+                batcher = state.image_batcher
+
+                async def until(condition: Callable[[], bool]) -> None:
+                    for _ in range(2000):
+                        if condition():
+                            return
+                        await asyncio.sleep(0.01)
+                    raise AssertionError("state never reached")
+
+                running = [asyncio.create_task(c.post("/embed/image", content=png(0)))]
+                await until(lambda: len(batcher._running) == 1)  # batch 1 runs (held)
+                running.append(asyncio.create_task(c.post("/embed/image", content=png(1))))
+                await until(lambda: len(batcher._running) == 2)  # batch 2: both slots busy
+                running.append(asyncio.create_task(c.post("/embed/image", content=png(2))))
+                await until(lambda: batcher.depth == 1)  # the third waits: the queue is full
+                full = await c.post("/embed/image", content=png(9))
+                assert "queue full" in error(full, 429, "QueueFullError")
+                assert int(full.headers["Retry-After"]) >= 1
+                hold.released.set()
+                assert [r.status_code for r in await asyncio.gather(*running)] == [200, 200, 200]
+
+    async def timeout_scenario() -> None:
+        hold = Hold()
+        app = create_app(
+            settings(model_root, tmp_path, request_timeout_s=0.3, warmup=False),
+            plugin=OnnxClipPlugin(session_factory=hold.factory),
+        )
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+        ):
+            hold.released.clear()
+            error(await c.post("/embed/image", content=png(1)), 504, "Timeout")
             hold.released.set()
-            assert [f.result().status_code for f in running] == [200, 200, 200]
-    hold = Hold()
-    app = create_app(
-        settings(model_root, tmp_path, request_timeout_s=0.3, warmup=False),
-        plugin=OnnxClipPlugin(session_factory=hold.factory),
-    )
-    with TestClient(app) as c:
-        hold.released.clear()
-        error(c.post("/embed/image", content=png(1)), 504, "Timeout")
-        hold.released.set()
-        assert c.post("/embed/image", content=png(1)).status_code == 200  # nothing poisoned
+            assert (
+                await c.post("/embed/image", content=png(1))
+            ).status_code == 200  # nothing poisoned
+
+    asyncio.run(scenario())
+    asyncio.run(timeout_scenario())
 
 
 @pytest.mark.slow
