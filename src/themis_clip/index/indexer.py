@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from themis_clip.index.search import ModelStamp, VectorIndex
 from themis_clip.index.store import ItemRow
 from themis_clip.interface import EmbeddingResult, ImageData
@@ -70,6 +73,20 @@ def _sha256(path: Path) -> str | None:
     except OSError:
         return None
     return digest.hexdigest()
+
+
+def _row(
+    path: Path, st: os.stat_result, digest: str | None, vector: npt.NDArray[np.float32]
+) -> ItemRow:
+    """A file's row: keyed by its path, with what the next run needs to skip it unchanged."""
+    return ItemRow(
+        key=str(path),
+        path=str(path),
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        sha256=digest,
+        vector=vector,
+    )
 
 
 def index_folder(
@@ -124,19 +141,7 @@ def index_folder(
         elif same and str(path) not in known:
             vector = store.vector(same[0].key)
             assert vector is not None
-            store.upsert(
-                [
-                    ItemRow(
-                        key=str(path),
-                        path=str(path),
-                        size=st.st_size,
-                        mtime_ns=st.st_mtime_ns,
-                        sha256=digest,
-                        vector=vector,
-                    )
-                ],
-                dim=stamp.dim,
-            )
+            store.upsert([_row(path, st, digest, vector)], dim=stamp.dim)
             report.duplicates += 1
         else:
             to_embed.append((path, st, digest))
@@ -155,16 +160,7 @@ def index_folder(
             rows, failed_rows = [], []
             for (path, st, digest), r in zip(part, results, strict=True):
                 if r.ok and r.embedding is not None:
-                    rows.append(
-                        ItemRow(
-                            key=str(path),
-                            path=str(path),
-                            size=st.st_size,
-                            mtime_ns=st.st_mtime_ns,
-                            sha256=digest,
-                            vector=r.embedding,
-                        )
-                    )
+                    rows.append(_row(path, st, digest, r.embedding))
                     if str(path) in known:
                         report.updated += 1
                     else:
