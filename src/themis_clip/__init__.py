@@ -10,6 +10,7 @@ from themis_clip.config import (
     PluginConfig,
     PreprocessConfig,
     ResizeMode,
+    SessionConfig,
     TensorRTConfig,
 )
 from themis_clip.engine import ModelIdentity
@@ -74,6 +75,7 @@ __all__ = [
     "PreprocessConfig",
     "ResizeMode",
     "SearchIndexError",
+    "SessionConfig",
     "TensorRTConfig",
     "TextInputError",
     "ThemisClipError",

@@ -31,10 +31,12 @@ from themis_clip.interface import BackendType
 __all__ = [
     "CLIP_MEAN",
     "CLIP_STD",
+    "OPTIMIZATION_LEVELS",
     "ModelConfig",
     "PluginConfig",
     "PreprocessConfig",
     "ResizeMode",
+    "SessionConfig",
     "TensorRTConfig",
 ]
 
@@ -81,6 +83,43 @@ class TensorRTConfig:
     fp16: bool = False
 
 
+#: ONNX Runtime graph optimisation levels, least to most.
+OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionConfig:
+    """ONNX Runtime session tuning (JSON ``"session": {...}``); defaults chosen by measurement.
+
+    ``bench/bench_session.py`` measures every knob side by side; its figures are in
+    ``bench/RESULTS.md``.
+
+    Attributes:
+        optimization_level: ``"all"`` (default), ``"extended"``, ``"basic"`` or ``"disabled"``.
+        optimized_model_cache_dir: where the optimised graph of each CPU session is saved and
+            reloaded on later loads (start-up and hot swap skip the graph optimisation). Keyed by
+            the model files' size, mtime and inode, ONNX Runtime's version, the level and the
+            CPU's feature flags (level ``"all"`` may write CPU-specific kernels). Not used with
+            memory-mapped loading. None: off.
+        cpu_mem_arena: ONNX Runtime's CPU memory arena (default on).
+        allow_spinning: whether idle intra-op threads spin waiting for work. None: ONNX
+            Runtime's default (spin). Spinning makes a lone session faster but burns the cores
+            that image-decoding threads need.
+    """
+
+    optimization_level: str = "all"
+    optimized_model_cache_dir: str | None = None
+    cpu_mem_arena: bool = True
+    allow_spinning: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimization_level not in OPTIMIZATION_LEVELS:
+            raise ConfigError(
+                f"must be one of {', '.join(OPTIMIZATION_LEVELS)}; got {self.optimization_level!r}",
+                key="session.optimization_level",
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Which model to load (JSON ``"model": {...}``).
@@ -123,6 +162,7 @@ class PluginConfig:
         preprocess_workers: threads decoding images for a batch (None: min(4, cores)).
         preprocess: preprocessing overrides.
         tensorrt: TensorRT options.
+        session: ONNX Runtime session tuning.
         device_id: GPU ordinal for CUDA/TensorRT/DirectML/ROCm.
         drain_timeout_s: how long a hot swap waits for in-flight requests on the old model.
         allow_embedding_space_change: let ``reload_model`` change model identity or dimension.
@@ -138,6 +178,7 @@ class PluginConfig:
     preprocess_workers: int | None = None
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
     device_id: int = 0
     drain_timeout_s: float = 30.0
     allow_embedding_space_change: bool = False
@@ -212,6 +253,14 @@ class PluginConfig:
             cache_dir=trt_r.path("cache_dir"), fp16=trt_r.get("fp16", bool, False)
         )
         trt_r.finish()
+        ses_r = r.section("session")
+        session = SessionConfig(
+            optimization_level=ses_r.one_of("optimization_level", OPTIMIZATION_LEVELS, "all"),
+            optimized_model_cache_dir=ses_r.path("optimized_model_cache_dir"),
+            cpu_mem_arena=ses_r.get("cpu_mem_arena", bool, True),
+            allow_spinning=ses_r.get("allow_spinning", bool),
+        )
+        ses_r.finish()
         config = cls(
             model=model,
             backend=r.choice("backend", BackendType) or BackendType.AUTO,
@@ -220,6 +269,7 @@ class PluginConfig:
             preprocess_workers=r.positive_int("preprocess_workers"),
             preprocess=preprocess,
             tensorrt=tensorrt,
+            session=session,
             device_id=r.get("device_id", int, 0),
             drain_timeout_s=r.number("drain_timeout_s", 30.0),
             allow_embedding_space_change=r.get("allow_embedding_space_change", bool, False),

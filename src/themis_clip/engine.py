@@ -297,6 +297,10 @@ class ClipModel:
             device_id=config.device_id,
             tensorrt_cache_dir=config.tensorrt.cache_dir,
             tensorrt_fp16=config.tensorrt.fp16,
+            optimization_level=config.session.optimization_level,
+            optimized_cache_dir=config.session.optimized_model_cache_dir,
+            cpu_mem_arena=config.session.cpu_mem_arena,
+            allow_spinning=config.session.allow_spinning,
         )
         plans = plan_providers(
             backend,

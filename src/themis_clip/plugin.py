@@ -320,6 +320,15 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             in_flight=model.in_flight if model else 0,
             loading_mode=model.visual.session.loading_mode if model else None,
             loading_note=model.loading_note if model else None,
+            optimized_model_cache=(
+                {
+                    t.session.name: t.session.optimized_cache
+                    for t in (model.visual, model.textual)
+                    if t is not None
+                }
+                if model
+                else {}
+            ),
             last_health_check=self._last_health,
             last_reload_error=self._last_reload_error,
             **self._reload_counts,

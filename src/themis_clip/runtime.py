@@ -10,9 +10,14 @@ order (CUDA → TensorRT → DirectML → CPU) and keeps the first that really h
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import platform
+import shutil
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +100,10 @@ class SessionSettings:
     tensorrt_cache_dir: str | None = None
     tensorrt_fp16: bool = False
     prepack_weights: bool = True
+    optimization_level: str = "all"
+    optimized_cache_dir: str | None = None
+    cpu_mem_arena: bool = True
+    allow_spinning: bool | None = None
 
 
 def available_providers() -> list[str]:
@@ -203,6 +212,7 @@ class ORTSession:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     providers: tuple[str, ...]
+    optimized_cache: str = "off"
     _lock: threading.Lock | None = None
     _on_close: list[Callable[[], None]] = field(default_factory=list)
 
@@ -253,22 +263,51 @@ def create_session(
 
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    if settings.intra_op_threads is not None:
-        options.intra_op_num_threads = settings.intra_op_threads
-    if not settings.prepack_weights:
-        options.add_session_config_entry("session.disable_prepacking", "1")
-    if plan.serialize_runs:
-        options.enable_mem_pattern = False
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     names = [name for name, _ in plan.providers]
     provider_options = [dict(opts) for _, opts in plan.providers]
-    try:
-        session = ort.InferenceSession(
-            str(path), sess_options=options, providers=names, provider_options=provider_options
+
+    def open_session(source: Path, options: Any) -> Any:
+        return ort.InferenceSession(
+            str(source), sess_options=options, providers=names, provider_options=provider_options
         )
+
+    cache = (
+        _OptimizedModelCache(Path(settings.optimized_cache_dir), path, settings, ort.__version__)
+        if settings.optimized_cache_dir
+        and plan.backend is BackendType.CPU
+        and loading_mode != "mmap"
+        else None
+    )
+    cache_state = "off"
+    try:
+        session = None
+        if cache is not None and cache.model.is_file():
+            try:
+                session = open_session(
+                    cache.model, _session_options(ort, settings, plan, cached=True)
+                )
+                cache_state = "hit"
+            except Exception as exc:  # a damaged or foreign entry: rebuild it
+                log.warning(
+                    "optimised-model cache entry %s unusable (%s); rebuilding", cache.entry, exc
+                )
+                cache.discard()
+        if session is None:
+            options = _session_options(ort, settings, plan, cached=False)
+            staging = cache.stage(options) if cache is not None else None
+            if cache is not None and staging is None:
+                cache_state = "failed: cache folder not writable"
+            try:
+                session = open_session(path, options)
+            except Exception:
+                if cache is None or staging is None:
+                    raise
+                cache.abandon(staging)
+                session = open_session(path, _session_options(ort, settings, plan, cached=False))
+                cache_state = "failed: ONNX Runtime could not write the optimised model"
+            else:
+                if cache is not None and staging is not None:
+                    cache_state = cache.commit(staging)
     except Exception as exc:  # InvalidProtobuf, InvalidGraph, Fail, ... (pybind11 types)
         if plan.backend is not BackendType.CPU and "Provider" in str(exc):
             raise BackendUnavailableError(f"{names[0]} failed to initialise: {exc}") from exc
@@ -293,8 +332,115 @@ def create_session(
         inputs=inputs,
         outputs=outputs,
         providers=used,
+        optimized_cache=cache_state,
         _lock=threading.Lock() if plan.serialize_runs else None,
     )
+
+
+_LEVELS = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+def _session_options(
+    ort: Any, settings: SessionSettings, plan: ProviderPlan, *, cached: bool
+) -> Any:
+    """Session options for ``settings`` (``cached``: the graph is already optimised)."""
+    options = ort.SessionOptions()
+    level = "disabled" if cached else settings.optimization_level
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
+    options.log_severity_level = 3
+    options.enable_cpu_mem_arena = settings.cpu_mem_arena
+    if settings.intra_op_threads is not None:
+        options.intra_op_num_threads = settings.intra_op_threads
+    if settings.allow_spinning is not None:
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0"
+        )
+    if not settings.prepack_weights:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    if plan.serialize_runs:
+        options.enable_mem_pattern = False
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return options
+
+
+class _OptimizedModelCache:
+    """One cache entry: ``<dir>/<key>/model.onnx`` + ``model.data``, the optimised graph.
+
+    The key covers what could make a saved graph wrong or unloadable: the model files (name,
+    size, mtime and inode of the ``.onnx`` and of its siblings named after it, i.e. external
+    data), ONNX Runtime's version, the optimisation level, the machine and its CPU feature flags
+    (level ``all`` may bake in CPU-specific kernels). Entries are written to a private staging
+    folder and renamed into place, so concurrent loaders never see half an entry.
+    """
+
+    def __init__(self, root: Path, model: Path, settings: SessionSettings, version: str) -> None:
+        h = hashlib.sha256()
+        for part in (version, settings.optimization_level, platform.machine(), _cpu_flags()):
+            h.update(part.encode() + b"\0")
+        h.update(str(model.resolve()).encode() + b"\0")
+        siblings = sorted(
+            p for p in model.parent.iterdir() if p.name.startswith((model.name, model.stem + "."))
+        )
+        for p in siblings:
+            st = p.stat()
+            h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}\0".encode())
+        self.root = root
+        self.entry = root / h.hexdigest()[:32]
+        self.model = self.entry / "model.onnx"
+
+    def stage(self, options: Any) -> Path | None:
+        """Point ``options`` at a fresh staging folder; None if the cache is not writable."""
+        staging = self.root / f".staging-{uuid.uuid4().hex}"
+        try:
+            staging.mkdir(parents=True)
+        except OSError as exc:
+            log.warning("optimised-model cache %s not writable: %s", self.root, exc)
+            return None
+        options.optimized_model_filepath = str(staging / "model.onnx")
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "model.data"
+        )
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+        )
+        return staging
+
+    def commit(self, staging: Path) -> str:
+        """Move a written entry into place; a concurrent writer's entry wins a race."""
+        if not (staging / "model.onnx").is_file():
+            self.abandon(staging)
+            return "failed: ONNX Runtime wrote no optimised model"
+        try:
+            os.rename(staging, self.entry)
+        except OSError:  # another loader committed first (or the folder vanished)
+            self.abandon(staging)
+            return "written" if self.model.is_file() else "failed: could not commit the entry"
+        return "written"
+
+    def abandon(self, staging: Path) -> None:
+        """Remove a staging folder."""
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def discard(self) -> None:
+        """Remove this entry (it failed to load)."""
+        shutil.rmtree(self.entry, ignore_errors=True)
+
+
+def _cpu_flags() -> str:
+    """The CPU feature flags (Linux), or the processor name elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _info(node: Any) -> TensorInfo:

@@ -1,0 +1,183 @@
+"""Session tuning: the ``session`` config section and the optimised-model cache."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from themis_clip import BackendType, ConfigError, OnnxClipPlugin, PluginConfig, SessionConfig
+from themis_clip.runtime import SessionSettings, create_session, plan_providers
+
+CPU = "CPUExecutionProvider"
+
+
+def load(model: Path, **session: object) -> OnnxClipPlugin:
+    p = OnnxClipPlugin()
+    assert p.initialize(
+        PluginConfig.from_dict({"model": {"path": str(model)}, "session": dict(session)})
+    ), p.get_statistics()
+    return p
+
+
+def embed(p: OnnxClipPlugin) -> tuple[list[float], list[float]]:
+    img = np.random.default_rng(3).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    return (
+        np.asarray(p.generate_embedding(img).embedding).tolist(),
+        np.asarray(p.generate_text_embedding("a red circle on the left").embedding).tolist(),
+    )
+
+
+def test_session_section_parses_and_validates() -> None:
+    cfg = PluginConfig.from_dict(
+        {
+            "model": {"path": "m"},
+            "session": {
+                "optimization_level": "extended",
+                "optimized_model_cache_dir": "cache",
+                "cpu_mem_arena": False,
+                "allow_spinning": False,
+            },
+        },
+        base_dir="/srv",
+    )
+    assert cfg.session == SessionConfig(
+        optimization_level="extended",
+        optimized_model_cache_dir="/srv/cache",
+        cpu_mem_arena=False,
+        allow_spinning=False,
+    )
+    assert PluginConfig.from_dict({"model": {"path": "m"}}).session == SessionConfig()
+    with pytest.raises(ConfigError, match="session.optimization_level"):
+        PluginConfig.from_dict({"model": {"path": "m"}, "session": {"optimization_level": "max"}})
+    with pytest.raises(ConfigError, match="session.spin"):
+        PluginConfig.from_dict({"model": {"path": "m"}, "session": {"spin": True}})
+    with pytest.raises(ConfigError, match="session.cpu_mem_arena"):
+        PluginConfig.from_dict({"model": {"path": "m"}, "session": {"cpu_mem_arena": "no"}})
+    with pytest.raises(ConfigError, match="optimization_level"):
+        SessionConfig(optimization_level="O3")
+
+
+def test_settings_reach_onnx_runtime(tiny_model_dir: Path) -> None:
+    (plan,) = plan_providers(BackendType.CPU, [CPU])
+    settings = SessionSettings(
+        cpu_mem_arena=False, allow_spinning=False, optimization_level="basic"
+    )
+    s = create_session(tiny_model_dir / "visual.onnx", plan, settings)
+    opts = s.session.get_session_options()
+    assert opts.enable_cpu_mem_arena is False
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert "BASIC" in str(opts.graph_optimization_level)
+    s = create_session(tiny_model_dir / "visual.onnx", plan, SessionSettings())
+    opts = s.session.get_session_options()
+    assert opts.enable_cpu_mem_arena is True
+    assert "ENABLE_ALL" in str(opts.graph_optimization_level)
+
+
+@pytest.mark.parametrize("level", ["disabled", "basic", "extended", "all"])
+def test_every_level_gives_the_same_embeddings(tiny_model_dir: Path, level: str) -> None:
+    ref = load(tiny_model_dir)
+    other = load(tiny_model_dir, optimization_level=level, allow_spinning=False)
+    for a, b in zip(embed(ref), embed(other), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_optimized_model_cache_is_written_then_hit_with_identical_results(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "ort-cache"
+    plain = embed(load(tiny_model_dir))
+    cold = load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+    assert cold.get_statistics()["optimized_model_cache"] == {
+        "visual.onnx": "written",
+        "textual.onnx": "written",
+    }
+    entries = sorted(p for p in cache.iterdir())
+    assert len(entries) == 2 and all((e / "model.onnx").is_file() for e in entries)
+    warm = load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+    assert warm.get_statistics()["optimized_model_cache"] == {
+        "visual.onnx": "hit",
+        "textual.onnx": "hit",
+    }
+    assert embed(cold) == plain
+    assert embed(warm) == plain  # bit-identical: the same optimised graph
+    assert not any(p.name.startswith(".staging") for p in cache.iterdir())
+
+
+def test_cache_key_follows_the_model_files(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    cache = tmp_path / "cache"
+    load(model, optimized_model_cache_dir=str(cache))
+    assert (
+        load(model, optimized_model_cache_dir=str(cache)).get_statistics()["optimized_model_cache"][
+            "visual.onnx"
+        ]
+        == "hit"
+    )
+    # Replacing the file (same content, new inode/mtime) must not reuse the old entry.
+    data = (model / "visual.onnx").read_bytes()
+    (model / "visual.onnx").unlink()
+    (model / "visual.onnx").write_bytes(data)
+    states = load(model, optimized_model_cache_dir=str(cache)).get_statistics()[
+        "optimized_model_cache"
+    ]
+    assert states == {"visual.onnx": "written", "textual.onnx": "hit"}
+    # Another optimisation level is another entry.
+    states = load(
+        model, optimized_model_cache_dir=str(cache), optimization_level="basic"
+    ).get_statistics()["optimized_model_cache"]
+    assert states == {"visual.onnx": "written", "textual.onnx": "written"}
+
+
+def test_a_damaged_cache_entry_is_rebuilt(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    plain = embed(load(tiny_model_dir))
+    load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+    for entry in cache.iterdir():
+        (entry / "model.onnx").write_bytes(b"garbage, not a protobuf")
+    with caplog.at_level(logging.WARNING, logger="themis_clip.runtime"):
+        p = load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+    assert "unusable" in caplog.text
+    assert set(p.get_statistics()["optimized_model_cache"].values()) == {"written"}
+    assert embed(p) == plain
+    assert set(
+        load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+        .get_statistics()["optimized_model_cache"]
+        .values()
+    ) == {"hit"}
+
+
+def test_an_unwritable_cache_never_fails_the_load(tiny_model_dir: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache folder should be")
+    p = load(tiny_model_dir, optimized_model_cache_dir=str(blocker / "cache"))
+    assert set(p.get_statistics()["optimized_model_cache"].values()) == {
+        "failed: cache folder not writable"
+    }
+    assert embed(p) == embed(load(tiny_model_dir))
+
+
+def test_cache_is_not_used_with_memory_mapped_loading(tiny_model_dir: Path, tmp_path: Path) -> None:
+    p = OnnxClipPlugin()
+    assert p.initialize(
+        PluginConfig.from_dict(
+            {
+                "model": {
+                    "path": str(tiny_model_dir),
+                    "enable_mmap_loading": True,
+                    "mmap_cache_dir": str(tmp_path / "mmap"),
+                },
+                "session": {"optimized_model_cache_dir": str(tmp_path / "cache")},
+            }
+        )
+    )
+    stats = p.get_statistics()
+    assert stats["loading_mode"] == "mmap", stats["loading_note"]
+    assert set(stats["optimized_model_cache"].values()) == {"off"}
+    assert not (tmp_path / "cache").exists()
