@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lakera
 from bench_decode import photo
 from make_models import MODELS, ensure_exported
 
@@ -40,7 +41,32 @@ captions = [line for line in open(folder).read().splitlines()][: int(n_text)] if
 def timed(fn, n):
     fn(8)  # warm up
     t = time.perf_counter(); fn(n); return n / (time.perf_counter() - t)
-if engine in ("ours", "ours-int8"):
+if engine == "lakera":
+    from PIL import Image
+    from onnx_clip import OnnxClip
+    m = OnnxClip(batch_size=32)
+    if kind == "image":
+        def run(n):
+            for s in range(0, n, 32):
+                m.get_image_embeddings([Image.open(f).convert("RGB") for f in files[s:min(n, s + 32)]])
+        rate = timed(run, len(files))
+    else:
+        rate = timed(lambda n: m.get_text_embeddings(captions[:n]), len(captions))
+elif engine == "latency":
+    from themis_clip import OnnxClipPlugin, PluginConfig
+    p = OnnxClipPlugin()
+    assert p.initialize(PluginConfig.from_dict({"model": {"path": model}}))
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+    run = p._model.visual.run
+    one, model_only = [], []
+    for f in files[:3]: p.generate_embedding(f); run(x)
+    for f in files[:40]:
+        t = time.perf_counter(); assert p.generate_embedding(f).ok; one.append(time.perf_counter() - t)
+        t = time.perf_counter(); run(x); model_only.append(time.perf_counter() - t)
+    rate = float(np.median(one)) / float(np.median(model_only))
+    print(json.dumps({"rate": rate, "file_ms": 1000 * float(np.median(one)), "model_ms": 1000 * float(np.median(model_only))}))
+    sys.exit(0)
+elif engine in ("ours", "ours-int8"):
     from themis_clip import OnnxClipPlugin, PluginConfig
     p = OnnxClipPlugin()
     assert p.initialize(PluginConfig.from_dict({"model": {"path": model, "variant": "int8" if engine == "ours-int8" else None}, "max_batch_size": 32}))
@@ -92,9 +118,16 @@ print(json.dumps({"rate": rate}))
 
 
 def run_engine(kind: str, engine: str, model: Path, ckpt: Path, folder: Path, n_text: int) -> float:
+    return float(run_engine_full(kind, engine, model, ckpt, folder, n_text)["rate"])
+
+
+def run_engine_full(
+    kind: str, engine: str, model: Path, ckpt: Path, folder: Path, n_text: int
+) -> dict[str, float]:
+    python = str(lakera.ensure_venv()) if engine == "lakera" else sys.executable
     out = subprocess.run(
         [
-            sys.executable,
+            python,
             "-c",
             ENGINE,
             kind,
@@ -110,7 +143,8 @@ def run_engine(kind: str, engine: str, model: Path, ckpt: Path, folder: Path, n_
     )
     if out.returncode:
         raise RuntimeError(f"{engine}: {out.stderr[-1500:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def images(folder: Path, n: int, size: tuple[int, int]) -> Path:
@@ -166,6 +200,45 @@ def captions(path: Path, n: int) -> Path:
     return path
 
 
+TOKENS_CHECK = r"""
+import json, sys
+from onnx_clip import Tokenizer
+t = Tokenizer()
+print(json.dumps([t.encode(line) for line in open(sys.argv[1]).read().splitlines()]))
+"""
+
+
+def token_accounting(model: Path, text: Path, n: int) -> dict[str, float]:
+    """Token positions each text pipeline computes, and a check of our tokenizer vs onnx_clip's."""
+    from themis_clip.preprocess.text import CLIPTokenizer
+
+    lines = text.read_text().splitlines()[:n]
+    rows = CLIPTokenizer(model / "tokenizer.json", context_length=77).encode_batch(lines).rows
+    lengths = [len(r) for r in rows]
+    theirs = json.loads(
+        subprocess.run(
+            [str(lakera.ensure_venv()), "-c", TOKENS_CHECK, str(text)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )[:n]
+    same = sum(r[1:-1] == t for r, t in zip(rows, theirs, strict=True))
+
+    def padded(ls: list[int]) -> int:
+        return sum(len(ls[s : s + 32]) * max(ls[s : s + 32]) for s in range(0, len(ls), 32))
+
+    return {
+        "real": sum(lengths),
+        "ours": padded(sorted(lengths)),
+        "transformers": padded(lengths),
+        "lakera": 77 * len(lengths),
+        "mean_len": float(np.mean(lengths)),
+        "max_len": max(lengths),
+        "tokenizer_identical": same / len(lines),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--full", action="store_true")
@@ -173,23 +246,28 @@ def main() -> None:
     args = parser.parse_args()
     n12, n640, ntext = (200, 200, 2000) if args.full else (24, 64, 500)
     model = ensure_exported("hf-vit-b-32")
+    lakera.install_models(model)
     ckpt = MODELS / "hf-vit-b-32-checkpoint"
     sets = {
         "12 MP": images(DATA / f"jpeg-4000x3000-{n12}", n12, (4000, 3000)),
         "640x480": images(DATA / f"jpeg-640x480-{n640}", n640, (640, 480)),
     }
     text = captions(DATA / "captions.txt", ntext)
+    tokens = token_accounting(model, text, ntext)
+    engines = ("ours", "ours-int8", "transformers", "lakera")
     results: dict[str, dict[str, list[float]]] = {}
+    latency: list[dict[str, float]] = []
     for _ in range(args.rounds):
         for name, folder in sets.items():
-            for engine in ("ours", "ours-int8", "transformers"):
+            for engine in engines:
                 results.setdefault(name, {}).setdefault(engine, []).append(
                     run_engine("image", engine, model, ckpt, folder, 0)
                 )
-        for engine in ("ours", "transformers"):
+        for engine in engines:
             results.setdefault("captions", {}).setdefault(engine, []).append(
                 run_engine("text", engine, model, ckpt, text, ntext)
             )
+        latency.append(run_engine_full("image", "latency", model, ckpt, sets["640x480"], 0))
         for engine in (
             "model-only-b1",
             "model-only-b8",
@@ -213,16 +291,33 @@ def main() -> None:
     for name in sets:
         r = med[name]
         print(
-            f"{name} ({n12 if name == '12 MP' else n640} files): ours {r['ours']:.1f} img/s, int8 {r['ours-int8']:.1f}, "
-            f"transformers {r['transformers']:.1f} -> x{r['ours'] / r['transformers']:.2f} "
-            f"(int8 x{r['ours-int8'] / r['transformers']:.2f}); ours / model-only x{r['ours'] / best:.2f}"
+            f"{name} ({n12 if name == '12 MP' else n640} files): ours {r['ours']:.1f} img/s, "
+            f"int8 {r['ours-int8']:.1f}, transformers {r['transformers']:.1f}, lakera "
+            f"{r['lakera']:.1f} -> x{r['ours'] / r['transformers']:.2f} transformers "
+            f"(int8 x{r['ours-int8'] / r['transformers']:.2f}), x{r['ours'] / r['lakera']:.2f} "
+            f"lakera; ours / model-only x{r['ours'] / best:.2f}"
         )
     t = med["captions"]
     print(
-        f"captions ({ntext}): ours {t['ours']:.0f}/s, transformers {t['transformers']:.0f}/s "
-        f"-> x{t['ours'] / t['transformers']:.2f}"
+        f"captions ({ntext}, {tokens['mean_len']:.1f} tokens mean, {tokens['max_len']} max; "
+        f"tokenizer = onnx_clip's on {tokens['tokenizer_identical']:.1%}): ours {t['ours']:.0f}/s, "
+        f"int8 {t['ours-int8']:.0f}/s, transformers {t['transformers']:.0f}/s, lakera "
+        f"{t['lakera']:.0f}/s -> x{t['ours'] / t['transformers']:.2f} transformers (int8 "
+        f"x{t['ours-int8'] / t['transformers']:.2f}), x{t['ours'] / t['lakera']:.2f} lakera"
     )
-    print(json.dumps(med))
+    print(
+        f"token positions computed: ours {tokens['ours']}, transformers {tokens['transformers']} "
+        f"(x{tokens['transformers'] / tokens['ours']:.2f}), lakera {tokens['lakera']} "
+        f"(x{tokens['lakera'] / tokens['ours']:.2f}); real tokens {tokens['real']}; per position "
+        f"ours x{t['ours'] * tokens['ours'] / (t['transformers'] * tokens['transformers']):.2f} "
+        f"transformers"
+    )
+    lat = {k: float(np.median([r[k] for r in latency])) for k in latency[0]}
+    print(
+        f"single 640x480 JPEG: generate_embedding {lat['file_ms']:.1f} ms vs model batch-1 "
+        f"{lat['model_ms']:.1f} ms -> x{lat['rate']:.2f}"
+    )
+    print(json.dumps({"median": med, "tokens": tokens, "latency": lat}))
 
 
 if __name__ == "__main__":

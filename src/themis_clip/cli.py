@@ -148,7 +148,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--open-clip", metavar="ARCH", help="checkpoint is open_clip's, e.g. ViT-B-32-quickgelu"
     )
-    p.add_argument("--tokenizer", help="tokenizer.json for --open-clip checkpoints")
+    p.add_argument(
+        "--tokenizer",
+        help="for --open-clip: a tokenizer.json, or OpenAI's bpe_simple_vocab_16e6.txt.gz "
+        "(as the clip/open_clip packages ship it; converted)",
+    )
     p.add_argument(
         "--external-data-threshold-mb",
         type=float,
@@ -315,7 +319,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
             if not checkpoint.is_file():
                 raise CLIError(f"{checkpoint} is not a checkpoint file")
             if not args.tokenizer or not Path(args.tokenizer).is_file():
-                raise CLIError("--open-clip needs --tokenizer PATH/tokenizer.json (CLIP's BPE)")
+                raise CLIError(
+                    "--open-clip needs --tokenizer PATH (tokenizer.json or OpenAI's "
+                    "bpe_simple_vocab_16e6.txt.gz)"
+                )
             options["name"] = args.name or checkpoint.stem
             report = export_openclip(
                 checkpoint, args.open_clip, Path(args.tokenizer), out, **options

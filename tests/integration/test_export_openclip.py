@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import subprocess
 import sys
 from collections import OrderedDict
@@ -15,7 +17,10 @@ nn = torch.nn
 
 from tests.helpers import photo_like  # noqa: E402
 from themis_clip import OnnxClipPlugin, PluginConfig  # noqa: E402
-from themis_clip.export.tokenizer import build_clip_tokenizer  # noqa: E402
+from themis_clip.export.tokenizer import (  # noqa: E402
+    build_clip_tokenizer,
+    openai_bpe_tokenizer,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -102,11 +107,23 @@ class CLIP(nn.Module):
         return x[torch.arange(x.shape[0]), text.argmax(dim=-1)] @ self.text_projection
 
 
-def test_open_clip_checkpoint_export_matches_the_reference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tokenizer_kind", ["tokenizer.json", "openai-merges"])
+def test_open_clip_checkpoint_export_matches_the_reference(
+    tmp_path: Path, tokenizer_kind: str
+) -> None:
     build_clip_tokenizer(tmp_path / "tokenizer.json")
+    tokenizer_arg = tmp_path / "tokenizer.json"
+    if tokenizer_kind == "openai-merges":  # the file the clip/open_clip packages ship
+        merges = json.loads(tokenizer_arg.read_text())["model"]["merges"]
+        lines = [m if isinstance(m, str) else " ".join(m) for m in merges]
+        tokenizer_arg = tmp_path / "bpe_simple_vocab_test.txt.gz"
+        tokenizer_arg.write_bytes(gzip.compress(("#version: 0.2\n" + "\n".join(lines)).encode()))
+        openai_bpe_tokenizer(tokenizer_arg, tmp_path / "converted.json")
     from themis_clip.preprocess.text import CLIPTokenizer
 
-    tok = CLIPTokenizer(tmp_path / "tokenizer.json")
+    tok = CLIPTokenizer(
+        tmp_path / ("tokenizer.json" if tokenizer_kind == "tokenizer.json" else "converted.json")
+    )
     assert tok.eot_id == max(tok.sot_id, tok.eot_id)  # OpenAI pools at argmax: EOT is the top id
     torch.manual_seed(0)
     reference = CLIP(vocab=tok.eot_id + 1).eval()
@@ -128,7 +145,7 @@ def test_open_clip_checkpoint_export_matches_the_reference(tmp_path: Path) -> No
             "--open-clip",
             "openai",
             "--tokenizer",
-            str(tmp_path / "tokenizer.json"),
+            str(tokenizer_arg),
         ],
         capture_output=True,
         text=True,

@@ -170,15 +170,31 @@ def load_openclip_as_hf(checkpoint: Path, architecture: str) -> Any:
 def to_hf_checkpoint(
     checkpoint: Path, architecture: str, tokenizer_json: Path, out_dir: Path
 ) -> Path:
-    """Write a transformers checkpoint folder (weights, tokenizer, preprocessor) to export."""
+    """Write a transformers checkpoint folder (weights, tokenizer, preprocessor) to export.
+
+    ``tokenizer_json`` is a ``tokenizer.json`` or OpenAI's BPE merges file (``.txt``/``.gz``),
+    converted with :func:`~themis_clip.export.tokenizer.openai_bpe_tokenizer`.
+    """
     import shutil
 
+    from tokenizers import Tokenizer
+
     from themis_clip.export.hf import save_image_processor
+    from themis_clip.export.tokenizer import openai_bpe_tokenizer
 
     model = load_openclip_as_hf(checkpoint, architecture)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_json.suffix == ".json":
+        shutil.copy(tokenizer_json, out_dir / "tokenizer.json")
+        size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
+    else:  # OpenAI's merges file (bpe_simple_vocab_16e6.txt.gz), as the clip packages ship it
+        size = openai_bpe_tokenizer(tokenizer_json, out_dir / "tokenizer.json").get_vocab_size()
+    if size > model.config.text_config.vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer_json.name} has {size} tokens but the checkpoint's token "
+            f"embedding has {model.config.text_config.vocab_size} rows"
+        )
     model.save_pretrained(str(out_dir))
-    shutil.copy(tokenizer_json, out_dir / "tokenizer.json")
     save_image_processor(out_dir, model.config.vision_config.image_size)
     (out_dir / "tokenizer_config.json").write_text('{"pad_token": "<|endoftext|>"}')
     return out_dir
