@@ -12,7 +12,7 @@ Part 2, files → embeddings (``generate_embedding_batch``, decode_mode fast) on
 640×480 JPEG sets of the pipeline benchmark, over intra-op threads {1, 2} × decode workers
 {1, 2} × spinning {on, off}: how to share 2 cores between decoding and ONNX Runtime.
 
-Interleaved rounds, medians. Run: .venv/bin/python bench/bench_session.py [--rounds N]
+Interleaved rounds, medians. Run: .venv/bin/python bench/bench_session.py [--rounds N] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def run(mode: str, model: Path, cfg: dict[str, Any], sets: dict[str, str]) -> di
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", help="run only the configurations whose name contains this")
     args = parser.parse_args()
     model = ensure_exported("hf-vit-b-32")
     sets = {
@@ -111,6 +112,9 @@ def main() -> None:
         for w in (2, 1)
         for s in (True, False)
     }
+    if args.only:
+        knobs = {k: v for k, v in knobs.items() if args.only in k or k.startswith("default")}
+        split = {k: v for k, v in split.items() if args.only in k or k == next(iter(split))}
     got: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.rounds):
         for name, cfg in knobs.items():
