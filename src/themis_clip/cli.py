@@ -392,10 +392,20 @@ def _cmd_index(args: argparse.Namespace) -> int:
                 stamp=_stamp(plugin),
                 chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
             )
+            _prepare_graph(index)
     finally:
         plugin.shutdown()
     _print_report(report, args.index)
     return 0
+
+
+def _prepare_graph(index: VectorIndex) -> None:
+    """Build the HNSW graph once here, so later searches (read-only) never wait for one."""
+    count = index.store.count()
+    if count > index.exact_threshold:
+        print(f"building the HNSW search graph over {count} items ...", file=sys.stderr)
+        if index.prepare_graph():
+            print("HNSW graph saved", file=sys.stderr)
 
 
 def _remove_index(path: str) -> None:
@@ -437,6 +447,7 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
             )
         for start in range(0, len(items), 10_000):
             index.store.upsert(items[start : start + 10_000], dim=stamp.dim)
+        _prepare_graph(index)
         total = index.store.count()
     print(
         f"{args.index}: {len(items)} embeddings loaded from {folder} ({total} items in the index)"

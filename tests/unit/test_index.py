@@ -3,6 +3,8 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from PIL import Image
 
 from tests.helpers import photo_like
 from themis_clip import EmbeddingResult, IndexModelMismatchError, SearchIndexError
+from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.indexer import index_folder, walk_images
 from themis_clip.index.search import ModelStamp, VectorIndex, top_k
 from themis_clip.index.store import SCHEMA_VERSION, IndexStore, ItemRow
@@ -216,3 +219,91 @@ def test_interrupted_run_resumes_without_re_embedding(tmp_path: Path) -> None:
         _, a = IndexStore(tmp_path / "i.db").load_vectors(DIM)
         _, b = clean.store.load_vectors(DIM)
         assert np.array_equal(np.sort(a, axis=0), np.sort(b, axis=0))
+
+
+# -- HNSW graph off the request path ---------------------------------------------------------
+
+
+def filled(path: Path, n: int, *, threshold: int = 50, **kw: object) -> VectorIndex:
+    index = VectorIndex(path, exact_threshold=threshold, **kw)  # type: ignore[arg-type]
+    index.bind_model(STAMP)
+    index.store.upsert([ItemRow(key=f"k{i}", vector=unit(i)) for i in range(n)], dim=DIM)
+    return index
+
+
+def wait_built(index: VectorIndex) -> None:
+    deadline = time.monotonic() + 60
+    while index.graph_building:
+        assert time.monotonic() < deadline, "background build did not finish"
+        time.sleep(0.01)
+
+
+def test_background_build_serves_exact_results_until_the_graph_is_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = threading.Event()
+    real_build = HNSWIndex.build.__func__  # type: ignore[attr-defined]
+    threads_used: list[int] = []
+
+    def slow_build(cls: type[HNSWIndex], *a: object, **kw: object) -> HNSWIndex:
+        threads_used.append(int(kw["threads"]))  # type: ignore[call-overload]
+        assert gate.wait(30)
+        return real_build(cls, *a, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(HNSWIndex, "build", classmethod(slow_build))
+    index = filled(tmp_path / "i.db", 300, background_build=True)
+    ann = Path(str(tmp_path / "i.db") + ".usearch")
+    assert index.mode == "exact"
+    hits = index.search(unit(42), 5)  # does not wait for the (blocked) build
+    assert hits[0].key == "k42" and index.mode == "exact" and index.graph_building
+    assert threads_used == [max(1, (os.cpu_count() or 2) // 2)]
+    # A write while the graph builds makes that graph stale: exact search sees the new item.
+    index.store.upsert([ItemRow(key="new", vector=unit(1000))], dim=DIM)
+    assert index.search(unit(1000), 1)[0].key == "new"
+    gate.set()
+    wait_built(index)
+    index.search(unit(7), 1)  # collects the stale graph and starts a fresh build
+    wait_built(index)
+    assert index.search(unit(1000), 1)[0].key == "new"
+    assert index.mode == "hnsw" and ann.is_file() and len(threads_used) == 2
+    index.close()
+    with VectorIndex(tmp_path / "i.db", readonly=True, exact_threshold=50) as ro:
+        assert ro.mode == "hnsw"  # the saved graph matches the store
+        assert ro.search(unit(8), 1)[0].key == "k8"
+
+
+def test_a_failed_background_build_leaves_exact_search_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(cls: type[HNSWIndex], *a: object, **kw: object) -> HNSWIndex:
+        raise MemoryError("no room for the graph")
+
+    monkeypatch.setattr(HNSWIndex, "build", classmethod(broken))
+    index = filled(tmp_path / "i.db", 120, background_build=True)
+    assert index.search(unit(3), 1)[0].key == "k3"
+    wait_built(index)
+    with caplog.at_level("WARNING"):
+        assert index.search(unit(4), 1)[0].key == "k4"
+    assert "no room for the graph" in caplog.text and index.mode == "exact"
+    index.close()
+
+
+def test_read_only_without_a_graph_searches_exactly_and_prepare_graph_builds_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "i.db"
+    filled(path, 200).close()
+    ann = Path(str(path) + ".usearch")
+    with VectorIndex(path, readonly=True, exact_threshold=50) as ro:
+        assert ro.mode == "exact"
+        assert ro.search(unit(11), 1)[0].key == "k11"
+    assert not ann.exists()
+    with VectorIndex(path, exact_threshold=50) as rw:
+        assert rw.prepare_graph() is True
+        assert rw.prepare_graph() is False  # already current
+    assert ann.is_file()
+    with VectorIndex(path, readonly=True, exact_threshold=50) as ro:
+        assert ro.mode == "hnsw"
+        assert ro.search(unit(12), 1)[0].key == "k12"
+    with VectorIndex(path, exact_threshold=10_000) as small:
+        assert small.prepare_graph() is False  # below the threshold no graph is needed

@@ -31,7 +31,9 @@ class HNSWIndex:
         connectivity: int = 64,
         expansion_add: int = 256,
         expansion_search: int = 2048,
+        threads: int = 0,
     ) -> HNSWIndex:
+        """Build a graph over ``vectors`` keyed by ``ids`` (``threads`` 0: every core)."""
         from usearch.index import Index
 
         index = Index(
@@ -43,7 +45,7 @@ class HNSWIndex:
             expansion_search=expansion_search,
         )
         if len(ids):
-            index.add(ids.astype(np.uint64), vectors, threads=0)
+            index.add(ids.astype(np.uint64), vectors, threads=threads)
         return cls(index)
 
     @classmethod

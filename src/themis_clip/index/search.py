@@ -3,12 +3,26 @@
 The store is the source of truth. The HNSW graph is a cache beside it (``<index>.usearch``),
 tagged with the store's ``write_version``: when the store has changed since, the graph is
 rebuilt (and saved when the index is writable). Read-only opens memory-map the graph.
+
+Building a graph of a few hundred thousand vectors takes minutes, so no search waits for one
+unless the caller wants that (the default for a writable index, and ``prepare_graph``, which
+``themis-clip index`` runs after indexing):
+
+* ``background_build=True`` (the HTTP server): searches stay exact (complete, correct, slower)
+  while a daemon thread builds the graph on half the cores; the next search after it finishes
+  switches to it (and saves it when the index is writable). Writes during the build make it
+  stale; it is then built again.
+* read-only without a current saved graph (one-shot CLI search): exact, since one exact query
+  is far cheaper than a graph that could not be kept.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +81,8 @@ class VectorIndex:
         exact_threshold: collections at or below this size are searched exactly.
         expansion_search: HNSW search breadth (higher: better recall, slower).
         connectivity, expansion_add: HNSW graph degree and build breadth (when it is built).
+        background_build: build a missing or stale graph in a background thread while searches
+            run exactly (see the module docstring); False: the next search builds it.
     """
 
     def __init__(
@@ -78,6 +94,7 @@ class VectorIndex:
         expansion_search: int = 2048,
         connectivity: int = 64,
         expansion_add: int = 256,
+        background_build: bool = False,
     ) -> None:
         self.store = IndexStore(path, readonly=readonly)
         self.exact_threshold = exact_threshold
@@ -88,6 +105,8 @@ class VectorIndex:
         self._ids: npt.NDArray[np.int64] = np.empty(0, np.int64)
         self._matrix: npt.NDArray[np.float32] = np.empty((0, 0), np.float32)
         self._ann: HNSWIndex | None = None
+        self._background = background_build
+        self._building: tuple[int, Future[HNSWIndex]] | None = None
 
     def close(self) -> None:
         self.store.close()
@@ -167,34 +186,122 @@ class VectorIndex:
     @property
     def mode(self) -> str:
         """``"exact"`` or ``"hnsw"``: how the next search runs."""
-        return "hnsw" if self.store.count() > self.exact_threshold else "exact"
+        if self.store.count() <= self.exact_threshold:
+            return "exact"
+        if self._graph_is_current() or self._saved_tag_is_current():
+            return "hnsw"
+        if not (self._background or self.store.readonly):
+            return "hnsw"  # the next search builds the graph
+        return "exact"
+
+    @property
+    def graph_building(self) -> bool:
+        """Whether a background graph build is running."""
+        return self._building is not None and not self._building[1].done()
+
+    def prepare_graph(self) -> bool:
+        """Build and save the HNSW graph now if the collection needs one and it is stale.
+
+        Returns:
+            True if a graph was built.
+        """
+        stamp = self.stamp
+        if stamp is None or self.store.count() <= self.exact_threshold:
+            return False
+        if self._graph_is_current() or self._saved_tag_is_current():
+            return False
+        ids, matrix = self.store.load_vectors(stamp.dim)
+        self._install(self._build(ids, matrix, threads=0), self.store.write_version)
+        return True
+
+    def _graph_is_current(self) -> bool:
+        return self._ann is not None and self._cache_version == self.store.write_version
+
+    def _saved_tag_is_current(self) -> bool:
+        return self.store.meta().get("ann_version") == str(self.store.write_version)
 
     def _refresh(self, dim: int) -> None:
         version = self.store.write_version
+        if self._building is not None and self._building[1].done():
+            built, future = self._building
+            self._building = None
+            try:
+                ann = future.result()
+            except Exception as exc:  # a failed build leaves exact search serving
+                log.warning("building the HNSW graph for %s failed: %s", self.store.path, exc)
+            else:
+                if built == version:
+                    self._install(ann, version)
+                    return
+                self._cache_version = -1  # stale: build again for the current version
         if version == self._cache_version:
             return
         count = self.store.count()
+        saved = self._open_saved(version) if count > self.exact_threshold else None
         if count <= self.exact_threshold:
-            self._ids, self._matrix = self.store.load_vectors(dim)
-            self._ann = None
+            self._exact(dim)
+        elif saved is not None:
+            self._use(saved)
+        elif self._background:
+            self._exact(dim)
+            if self._building is None:
+                self._start_build(version)
+        elif self.store.readonly:
+            log.info(
+                "%s has no current HNSW graph; searching exactly (`themis-clip index` builds it)",
+                self.store.path,
+            )
+            self._exact(dim)
         else:
-            self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, dim), np.float32)
-            self._ann = self._load_or_build_ann(dim, version)
+            ids, matrix = self.store.load_vectors(dim)
+            self._install(self._build(ids, matrix, threads=0), version)
+            return
         self._cache_version = self.store.write_version
 
-    def _load_or_build_ann(self, dim: int, version: int) -> HNSWIndex:
-        tag = self.store.meta().get("ann_version")
-        if tag == str(version):
-            ann = HNSWIndex.open(
-                self._ann_path, view=self.store.readonly, expansion_search=self.expansion_search
-            )
-            if ann is not None:
-                return ann
-        log.info("building the HNSW graph for %s", self.store.path)
-        ids, matrix = self.store.load_vectors(dim)
-        ann = HNSWIndex.build(ids, matrix, expansion_search=self.expansion_search, **self._graph)
+    def _exact(self, dim: int) -> None:
+        self._ids, self._matrix = self.store.load_vectors(dim)
+        self._ann = None
+
+    def _use(self, ann: HNSWIndex) -> None:
+        self._ann = ann
+        dim = self._matrix.shape[1] if self._matrix.ndim == 2 else 0
+        self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, dim), np.float32)
+
+    def _open_saved(self, version: int) -> HNSWIndex | None:
+        if self.store.meta().get("ann_version") != str(version):
+            return None
+        return HNSWIndex.open(
+            self._ann_path, view=self.store.readonly, expansion_search=self.expansion_search
+        )
+
+    def _build(
+        self, ids: npt.NDArray[np.int64], matrix: npt.NDArray[np.float32], *, threads: int
+    ) -> HNSWIndex:
+        log.info("building the HNSW graph for %s (%d vectors)", self.store.path, len(ids))
+        return HNSWIndex.build(
+            ids, matrix, expansion_search=self.expansion_search, threads=threads, **self._graph
+        )
+
+    def _start_build(self, version: int) -> None:
+        """Build on a daemon thread from a snapshot of the vectors (no SQLite use off-thread)."""
+        ids, matrix = self._ids, self._matrix
+        future: Future[HNSWIndex] = Future()
+        threads = max(1, (os.cpu_count() or 2) // 2)  # leave cores to the embedding sessions
+
+        def work() -> None:
+            try:
+                future.set_result(self._build(ids, matrix, threads=threads))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self._building = (version, future)
+        threading.Thread(target=work, name="themis-hnsw-build", daemon=True).start()
+
+    def _install(self, ann: HNSWIndex, version: int) -> None:
+        """Serve ``ann`` (built for ``version``) and save it when the index is writable."""
+        self._use(ann)
         if not self.store.readonly:
             ann.save(self._ann_path)
             # Saving bumps write_version; the tag records the version the graph matches.
             self.store.set_meta({"ann_version": version + 1})
-        return ann
+        self._cache_version = self.store.write_version

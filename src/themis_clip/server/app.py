@@ -304,7 +304,9 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         state.image_batcher = batcher(p.generate_embedding_batch, "image")
         state.text_batcher = batcher(p.generate_text_embedding_batch, "text")
         if settings.index_path:
-            state.index = await asyncio.to_thread(VectorIndex, settings.index_path)
+            state.index = await asyncio.to_thread(
+                VectorIndex, settings.index_path, background_build=True
+            )
         warm: asyncio.Task[None] | None = None
         if settings.warmup:
 
