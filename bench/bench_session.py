@@ -6,7 +6,8 @@ pre-made batches of 32, text-tower throughput on 32 captions of 24 tokens, and p
 
 * ``optimization_level`` all / extended / basic / disabled;
 * the optimised-model cache, cold (written during this load) and warm (loaded from it);
-* CPU memory arena off; intra-op spinning off; one intra-op thread.
+* CPU memory arena off; intra-op spinning off; one intra-op thread;
+* the int8 and fp16 variants (fp16 is meant for GPUs; measured here on CPU).
 
 Part 2, files → embeddings (``generate_embedding_batch``, decode_mode fast) on the 12 MP and
 640×480 JPEG sets of the pipeline benchmark, over intra-op threads {1, 2} × decode workers
@@ -39,7 +40,8 @@ from themis_clip import OnnxClipPlugin, PluginConfig
 mode, model, cfg, sets = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 p = OnnxClipPlugin()
 t = time.perf_counter()
-assert p.initialize(PluginConfig.from_dict({"model": {"path": model}, "max_batch_size": 32, **cfg}))
+variant = cfg.pop("variant", None)
+assert p.initialize(PluginConfig.from_dict({"model": {"path": model, "variant": variant}, "max_batch_size": 32, **cfg}))
 out = {"init_s": time.perf_counter() - t, "cache": p.get_statistics()["optimized_model_cache"]}
 model_ = p._model
 if mode == "knobs":
@@ -101,6 +103,8 @@ def main() -> None:
         "arena off": {"session": {"cpu_mem_arena": False}},
         "spinning off": {"session": {"allow_spinning": False}},
         "intra-op threads 1": {"intra_op_threads": 1},
+        "variant int8": {"variant": "int8"},
+        "variant fp16 (on CPU)": {"variant": "fp16"},
     }
     split: dict[str, dict[str, Any]] = {
         f"intra {t}, workers {w}, spin {'on' if s else 'off'}": {

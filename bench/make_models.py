@@ -5,7 +5,7 @@ Two kinds:
   torch), used by the memory, reload and server benchmarks.
 * ``hf-vit-b-32`` / ``hf-vit-l-14``: full models (image and text towers) made as random
   transformers ``CLIPModel`` checkpoints of the real architecture and exported through this
-  project's exporter with fp32 + int8 variants; export times are printed. The tokenizer is
+  project's exporter with fp32 + fp16 + int8 variants; export times are printed. The tokenizer is
   CLIP's own (vocabulary 49408, converted from OpenAI's merges file; see ``lakera.py``).
 
 Usage: .venv/bin/python bench/make_models.py [vit-b-32] [vit-l-14] [hf-vit-b-32] [hf-vit-l-14]
@@ -13,6 +13,7 @@ Usage: .venv/bin/python bench/make_models.py [vit-b-32] [vit-l-14] [hf-vit-b-32]
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import time
@@ -65,7 +66,10 @@ def ensure_exported(name: str) -> Path:
     if (out / "manifest.json").exists() and ckpt_tok.exists():
         from tokenizers import Tokenizer
 
-        if Tokenizer.from_file(str(ckpt_tok)).get_vocab_size() == 49408:
+        manifest = json.loads((out / "manifest.json").read_text())
+        if Tokenizer.from_file(str(ckpt_tok)).get_vocab_size() == 49408 and set(
+            manifest.get("variants", {})
+        ) >= {"fp16", "int8"}:
             return out
     import shutil
 
@@ -89,7 +93,7 @@ def ensure_exported(name: str) -> Path:
             **HF_SIZES[name],
         )  # type: ignore[arg-type]
         made = time.perf_counter() - t0
-        report = export_hf_checkpoint(ckpt, out, precisions=["fp32", "int8"], name=name)
+        report = export_hf_checkpoint(ckpt, out, precisions=["fp32", "fp16", "int8"], name=name)
 
     sizes = ", ".join(
         f"{k} {v / 2**20:.0f} MiB"
