@@ -3,7 +3,9 @@
 50 photo-like JPEGs (smooth scene + texture + sensor noise; 4000x3000, 3000x4000, 1920x1080,
 1024x768, 640x480, quality 80-95), generated once into bench/data/photos-varied/. For each mode:
 median decode+preprocess time per image, and the cosine between the two modes' embeddings on
-the shipped demo model (and on the exported ViT-B/32 benchmark model when it exists).
+the shipped demo model (and on the exported ViT-B/32 benchmark model when it exists). PNG and
+WebP copies of six of them (12 MP and 1920x1080) measure the other formats' fast path (a whole-
+factor box reduction before the bicubic resample) and join the cosine check.
 
 Run: .venv/bin/python bench/bench_decode.py
 """
@@ -48,6 +50,34 @@ def photos(n: int = 50) -> list[Path]:
     return out
 
 
+def other_formats() -> dict[str, list[Path]]:
+    """PNG and WebP copies of six of the photos (12 MP portrait/landscape and 1920x1080)."""
+    out: dict[str, list[Path]] = {"png": [], "webp": []}
+    for i in (0, 1, 2, 5, 6, 7):
+        src = FOLDER / f"{i:02d}.jpg"
+        for fmt, kw in (("png", {"compress_level": 6}), ("webp", {"quality": 90})):
+            path = FOLDER / "other" / f"{i:02d}.{fmt}"
+            if not path.exists():
+                path.parent.mkdir(exist_ok=True)
+                Image.open(src).save(path, **kw)
+            out[fmt].append(path)
+    return out
+
+
+def format_timings(sets: dict[str, list[Path]]) -> dict[str, dict[str, float]]:
+    """Median decode+preprocess ms per format and mode (interleaved, 2 rounds)."""
+    got: dict[str, dict[str, list[float]]] = {f: {"exact": [], "fast": []} for f in sets}
+    for mode in ("exact", "fast", "exact", "fast"):
+        prep = ImagePreprocessor(ImageSpec(image_size=224), decode_mode=mode)
+        for fmt, files in sets.items():
+            for f in files:
+                data = f.read_bytes()
+                t0 = time.perf_counter()
+                prep(data)
+                got[fmt][mode].append((time.perf_counter() - t0) * 1000)
+    return {f: {m: float(np.median(v)) for m, v in d.items()} for f, d in got.items()}
+
+
 def main() -> None:
     files = photos()
     data = [f.read_bytes() for f in files]
@@ -68,6 +98,9 @@ def main() -> None:
         m: float(np.median([v[i] for i in big] + [v[i + len(data)] for i in big]))
         for m, v in timings.items()
     }
+    others = other_formats()
+    per_format = format_timings(others)
+    data += [f.read_bytes() for paths in others.values() for f in paths]
     models = {"demo (64 px)": demo_model_path()}
     hf = Path(__file__).resolve().parent / "models" / "hf-vit-b-32"
     if (hf / "manifest.json").exists():
@@ -95,9 +128,21 @@ def main() -> None:
     print(
         f"  12 MP: exact {med12['exact']:.1f}, fast {med12['fast']:.1f} (x{med12['exact'] / med12['fast']:.1f})"
     )
+    for fmt, m in per_format.items():
+        print(
+            f"  {fmt} (12 MP and 1920x1080): exact {m['exact']:.1f}, fast {m['fast']:.1f} "
+            f"(x{m['exact'] / m['fast']:.1f})"
+        )
     for name, (lo, mean) in cosines.items():
-        print(f"  embedding cosine exact vs fast, {name}: min {lo:.5f}, mean {mean:.5f}")
-    print(json.dumps({"median_ms": med, "median_ms_12mp": med12, "cosine": cosines}))
+        print(
+            f"  embedding cosine exact vs fast over all {len(data)} files, {name}: "
+            f"min {lo:.5f}, mean {mean:.5f}"
+        )
+    print(
+        json.dumps(
+            {"median_ms": med, "median_ms_12mp": med12, "formats": per_format, "cosine": cosines}
+        )
+    )
 
 
 if __name__ == "__main__":

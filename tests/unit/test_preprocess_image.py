@@ -279,7 +279,29 @@ def test_fast_decode_uses_dct_scaling_for_large_jpegs_only() -> None:
     assert cos > 0.999 and np.abs(exact - fast).max() < 0.25
     small = encode(rgb(400, 300, 41), "JPEG")  # short side < 2 x 224: decoded in full either way
     assert np.array_equal(preprocess_image(small), preprocess_image(small, decode_mode="fast"))
-    png = encode(rgb(1200, 900, 42), "PNG")  # not a JPEG: nothing to scale
+    # Not a JPEG, and under 3 x 2 x 224 on the short side: no whole-factor reduction either.
+    png = encode(rgb(1200, 900, 42), "PNG")
     assert np.array_equal(preprocess_image(png), preprocess_image(png, decode_mode="fast"))
     with pytest.raises(ValueError, match="decode_mode"):
         preprocess_image(png, decode_mode="turbo")
+
+
+def test_fast_mode_box_reduces_large_non_jpeg_images_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    png = encode(rgb(2400, 1800, 43), "PNG")  # 1800 / 224 = 8.0: reduce by 2, then bicubic
+    exact = preprocess_image(png)
+    factors: list[object] = []
+    real_reduce = Image.Image.reduce
+
+    def spy(self: Image.Image, factor: object, box: object = None) -> Image.Image:
+        factors.append(factor)
+        return real_reduce(self, factor, box)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Image.Image, "reduce", spy)
+    fast = preprocess_image(png, decode_mode="fast")
+    assert factors == [(2, 2)]
+    assert not np.array_equal(exact, fast)
+    cos = float(np.sum(exact * fast) / np.linalg.norm(exact) / np.linalg.norm(fast))
+    assert cos > 0.9999 and np.abs(exact - fast).max() < 4 / 255 / min(STD)  # <= 4 levels
+    factors.clear()
+    preprocess_image(png)  # exact mode never reduces
+    assert factors == []
