@@ -21,6 +21,7 @@ Run: .venv/bin/python bench/profile_pipeline.py [--passes N]
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,10 @@ def profile(model: Path, folder: Path, passes: int, name: str) -> Counter[str]:
         f.write(RUNNER)
     cmd = [spy, "record", "--native", "--rate", "250", "--format", "raw", "-o", str(raw)]
     cmd += ["--", sys.executable, f.name, str(model), str(folder), str(passes)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=3600)
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=3600)
+    finally:
+        os.unlink(f.name)
     totals: Counter[str] = Counter()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")

@@ -322,8 +322,8 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             loading_note=model.loading_note if model else None,
             optimized_model_cache=(
                 {
-                    t.session.name: t.session.optimized_cache
-                    for t in (model.visual, model.textual)
+                    tower: t.session.optimized_cache
+                    for tower, t in (("visual", model.visual), ("textual", model.textual))
                     if t is not None
                 }
                 if model

@@ -263,9 +263,8 @@ class VectorIndex:
         self._ann = None
 
     def _use(self, ann: HNSWIndex) -> None:
-        self._ann = ann
-        dim = self._matrix.shape[1] if self._matrix.ndim == 2 else 0
-        self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, dim), np.float32)
+        self._ann = ann  # the exact-search matrix is no longer needed: free it
+        self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, 0), np.float32)
 
     def _open_saved(self, version: int) -> HNSWIndex | None:
         if self.store.meta().get("ann_version") != str(version):
