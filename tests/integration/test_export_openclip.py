@@ -201,3 +201,33 @@ def test_unknown_architecture_and_missing_tokenizer(tmp_path: Path) -> None:
         timeout=120,
     )
     assert run.returncode == 2 and "unknown open_clip architecture 'RN50'" in run.stderr
+
+
+def test_tokenizer_that_does_not_fit_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    build_clip_tokenizer(tmp_path / "tokenizer.json")  # ~600 tokens
+    torch.manual_seed(0)
+    torch.save(CLIP(vocab=100).state_dict(), tmp_path / "small-vocab.pt")
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    for tokenizer, message in (
+        (tmp_path / "tokenizer.json", "token embedding has 100 rows"),
+        (bad, "is not a tokenizer.json"),
+    ):
+        run = subprocess.run(
+            [
+                exe,
+                "export",
+                str(tmp_path / "small-vocab.pt"),
+                str(tmp_path / "out"),
+                "--open-clip",
+                "openai",
+                "--tokenizer",
+                str(tokenizer),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr

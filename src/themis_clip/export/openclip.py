@@ -185,8 +185,11 @@ def to_hf_checkpoint(
     model = load_openclip_as_hf(checkpoint, architecture)
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer_json.suffix == ".json":
+        try:
+            size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
+        except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+            raise ValueError(f"{tokenizer_json} is not a tokenizer.json: {exc}") from exc
         shutil.copy(tokenizer_json, out_dir / "tokenizer.json")
-        size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
     else:  # OpenAI's merges file (bpe_simple_vocab_16e6.txt.gz), as the clip packages ship it
         size = openai_bpe_tokenizer(tokenizer_json, out_dir / "tokenizer.json").get_vocab_size()
     if size > model.config.text_config.vocab_size:
