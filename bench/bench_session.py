@@ -11,7 +11,8 @@ pre-made batches of 32, text-tower throughput on 32 captions of 24 tokens, and p
 
 Part 2, files → embeddings (``generate_embedding_batch``, decode_mode fast) on the 12 MP and
 640×480 JPEG sets of the pipeline benchmark, over intra-op threads {1, 2} × decode workers
-{1, 2} × spinning {on, off}: how to share 2 cores between decoding and ONNX Runtime.
+{1, 2} × spinning {on, off}: how to share 2 cores between decoding and ONNX Runtime; and how
+many batches to decode ahead of the session (``prefetch_batches`` 0, 1 = default, 2, 4).
 
 Interleaved rounds, medians. Run: .venv/bin/python bench/bench_session.py [--rounds N] [--only TEXT]
 """
@@ -116,6 +117,8 @@ def main() -> None:
         for w in (2, 1)
         for s in (True, False)
     }
+    for depth in (0, 2, 4):  # the default decodes 1 batch ahead (every row above)
+        split[f"intra 2, workers 2, prefetch {depth} batches"] = {"prefetch_batches": depth}
     if args.only:
         knobs = {k: v for k, v in knobs.items() if args.only in k or k.startswith("default")}
         split = {k: v for k, v in split.items() if args.only in k or k == next(iter(split))}

@@ -160,6 +160,8 @@ class PluginConfig:
         max_batch_size: largest batch handed to a session in one call.
         intra_op_threads: ONNX Runtime intra-op threads (None: ORT's default, one per core).
         preprocess_workers: threads decoding images for a batch (None: min(4, cores)).
+        prefetch_batches: how many batches of ``max_batch_size`` images are decoded ahead of the
+            one in the session (0: decode, then infer, no overlap; default 1, measured).
         preprocess: preprocessing overrides.
         tensorrt: TensorRT options.
         session: ONNX Runtime session tuning.
@@ -176,6 +178,7 @@ class PluginConfig:
     max_batch_size: int = 32
     intra_op_threads: int | None = None
     preprocess_workers: int | None = None
+    prefetch_batches: int = 1
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -190,6 +193,15 @@ class PluginConfig:
             _check_positive(self.intra_op_threads, "intra_op_threads")
         if self.preprocess_workers is not None:
             _check_positive(self.preprocess_workers, "preprocess_workers")
+        if (
+            isinstance(self.prefetch_batches, bool)
+            or not isinstance(self.prefetch_batches, int)
+            or not 0 <= self.prefetch_batches <= 16
+        ):
+            raise ConfigError(
+                f"must be an integer from 0 to 16, got {self.prefetch_batches!r}",
+                key="prefetch_batches",
+            )
         if self.device_id < 0:
             raise ConfigError("must be >= 0", key="device_id")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
@@ -267,6 +279,7 @@ class PluginConfig:
             max_batch_size=r.positive_int("max_batch_size") or 32,
             intra_op_threads=r.positive_int("intra_op_threads"),
             preprocess_workers=r.positive_int("preprocess_workers"),
+            prefetch_batches=r.get("prefetch_batches", int, 1),
             preprocess=preprocess,
             tensorrt=tensorrt,
             session=session,

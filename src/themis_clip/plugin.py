@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -435,12 +436,15 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             buf = np.empty((len(idx), *prepare.shape), dtype=np.float32)
             return buf, [executor.submit(prepare, items[i], buf[j]) for j, i in enumerate(idx)]
 
-        # Decoding of chunk k+1 overlaps the session run of chunk k.
-        pending = submit(chunks[0]) if chunks else None
+        # Decoding of the next ``prefetch_batches`` chunks overlaps the session run of this one.
+        ahead = model.config.prefetch_batches
+        pending: deque[tuple[npt.NDArray[np.float32], list[Future[Any]]]] = deque()
+        submitted = 0
         for k, idx in enumerate(chunks):
-            assert pending is not None
-            buf, futures = pending
-            pending = submit(chunks[k + 1]) if k + 1 < len(chunks) else None
+            while submitted < len(chunks) and submitted <= k + ahead:
+                pending.append(submit(chunks[submitted]))
+                submitted += 1
+            buf, futures = pending.popleft()
             good: list[int] = []
             for j, (i, fut) in enumerate(zip(idx, futures, strict=True)):
                 try:

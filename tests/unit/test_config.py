@@ -37,6 +37,7 @@ def test_defaults_and_extra_keys() -> None:
             "model": {"path": "m", "text_path": "t.onnx", "variant": "int8"},
             "intra_op_threads": 2,
             "preprocess_workers": 3,
+            "prefetch_batches": 0,
             "preprocess": {
                 "image_size": 336,
                 "resize_mode": "squash",
@@ -60,6 +61,8 @@ def test_defaults_and_extra_keys() -> None:
     assert config.tensorrt.fp16 is True
     assert config.drain_timeout_s == 5.0
     assert config.allow_embedding_space_change is True
+    assert config.prefetch_batches == 0
+    assert PluginConfig.from_dict({"model": {"path": "m"}}).prefetch_batches == 1
 
 
 @pytest.mark.parametrize(
@@ -88,6 +91,9 @@ def test_defaults_and_extra_keys() -> None:
             {"model": {"path": "m"}, "preprocess": {"decode_mode": "turbo"}},
             "preprocess.decode_mode",
         ),
+        ({"model": {"path": "m"}, "prefetch_batches": -1}, "prefetch_batches"),
+        ({"model": {"path": "m"}, "prefetch_batches": 17}, "prefetch_batches"),
+        ({"model": {"path": "m"}, "prefetch_batches": "2"}, "prefetch_batches"),
         ({"model": {"path": "m"}, "drain_timeout_s": -1}, "drain_timeout_s"),
         ({"model": {"path": "m"}, "drain_timeout_s": "30"}, "drain_timeout_s"),
         ({"model": {"path": "m"}, "tensorrt": []}, "tensorrt"),

@@ -230,3 +230,37 @@ def test_no_exception_escapes_for_any_input(plugin: OnnxClipPlugin) -> None:
     results = plugin.generate_embedding_batch(weird)  # type: ignore[arg-type]
     assert len(results) == len(weird) and not any(r.ok for r in results)
     assert plugin.generate_embedding(imgs(1)[0]).ok  # and nothing was poisoned
+
+
+@pytest.mark.parametrize(("ahead", "queued_at_first_run"), [(0, 4), (1, 8), (3, 13)])
+def test_prefetch_depth_decodes_that_many_batches_ahead(
+    tiny_model_dir: Path, ahead: int, queued_at_first_run: int
+) -> None:
+    plugin = make_plugin(tiny_model_dir, max_batch_size=4, prefetch_batches=ahead)
+    images: list[object] = [photo_like(40 + i, 30, i) for i in range(13)]
+    images[5] = b"not an image"
+    reference = [r.embedding for r in make_plugin(tiny_model_dir).generate_embedding_batch(images)]
+    model = plugin._model
+    executor = plugin._executor
+    assert model is not None and executor is not None
+    submitted: list[int] = []
+    seen_at_run: list[int] = []
+    real_submit, real_embed = executor.submit, model.embed_pixels
+
+    def counting_submit(*a: object, **kw: object) -> object:
+        submitted.append(1)
+        return real_submit(*a, **kw)  # type: ignore[arg-type]
+
+    def recording_embed(pixels: object) -> object:
+        seen_at_run.append(len(submitted))
+        return real_embed(pixels)  # type: ignore[arg-type]
+
+    executor.submit = counting_submit  # type: ignore[method-assign]
+    model.embed_pixels = recording_embed  # type: ignore[method-assign]
+    results = plugin.generate_embedding_batch(images)
+    assert seen_at_run[0] == queued_at_first_run  # decoding ran that far ahead of the session
+    assert len(seen_at_run) == 4 and len(submitted) == 13
+    assert not results[5].ok and results[5].error_type == "ImageDecodeError"
+    for i, r in enumerate(results):
+        if i != 5:
+            assert r.ok and np.allclose(r.embedding, reference[i], atol=1e-6)
