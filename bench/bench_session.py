@@ -15,6 +15,7 @@ Part 2, files → embeddings (``generate_embedding_batch``, decode_mode fast) on
 many batches to decode ahead of the session (``prefetch_batches`` 0, 1 = default, 2, 4).
 
 Interleaved rounds, medians. Run: .venv/bin/python bench/bench_session.py [--rounds N] [--only TEXT]
+[--full]
 """
 
 from __future__ import annotations
@@ -86,11 +87,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", help="run only the configurations whose name contains this")
+    parser.add_argument("--full", action="store_true", help="200 + 200 images instead of 24 + 64")
     args = parser.parse_args()
     model = ensure_exported("hf-vit-b-32")
+    n12, n640 = (200, 200) if args.full else (24, 64)
     sets = {
-        "12 MP": str(images(DATA / "jpeg-4000x3000-24", 24, (4000, 3000))),
-        "640x480": str(images(DATA / "jpeg-640x480-64", 64, (640, 480))),
+        "12 MP": str(images(DATA / f"jpeg-4000x3000-{n12}", n12, (4000, 3000))),
+        "640x480": str(images(DATA / f"jpeg-640x480-{n640}", n640, (640, 480))),
     }
     warm_cache = tempfile.mkdtemp(prefix="themis-ort-cache-")
     run("knobs", model, {"session": {"optimized_model_cache_dir": warm_cache}}, {})
@@ -117,11 +120,16 @@ def main() -> None:
         for w in (2, 1)
         for s in (True, False)
     }
-    for depth in (0, 2, 4):  # the default decodes 1 batch ahead (every row above)
-        split[f"intra 2, workers 2, prefetch {depth} batches"] = {"prefetch_batches": depth}
+    # Batches of 8, so the 24 / 64 files make 3 / 8 batches to decode ahead (default depth 1).
+    prefetch = {
+        f"prefetch {depth} batches of 8": {"max_batch_size": 8, "prefetch_batches": depth}
+        for depth in (1, 0, 2, 4)
+    }
     if args.only:
         knobs = {k: v for k, v in knobs.items() if args.only in k or k.startswith("default")}
         split = {k: v for k, v in split.items() if args.only in k or k == next(iter(split))}
+        if args.only not in "prefetch":
+            prefetch = {}
     got: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.rounds):
         for name, cfg in knobs.items():
@@ -131,7 +139,7 @@ def main() -> None:
                     got.setdefault(name, []).append(run("knobs", model, cfg, {}))
                 continue
             got.setdefault(name, []).append(run("knobs", model, cfg, {}))
-        for name, cfg in split.items():
+        for name, cfg in {**split, **prefetch}.items():
             got.setdefault(name, []).append(run("e2e", model, cfg, sets))
 
     shutil.rmtree(warm_cache, ignore_errors=True)
@@ -151,15 +159,19 @@ def main() -> None:
             f"{med(name, 'text_per_s'):.0f} | {med(name, 'text_per_s') / med(base, 'text_per_s'):.2f} | "
             f"{med(name, 'peak_rss_mib'):.0f} |"
         )
-    first = next(iter(split))
-    print()
-    print("| threads split | 12 MP img/s | × first row | 640×480 img/s | × first row |")
-    print("|---|---:|---:|---:|---:|")
-    for name in split:
-        print(
-            f"| {name} | {med(name, '12 MP'):.1f} | {med(name, '12 MP') / med(first, '12 MP'):.2f} | "
-            f"{med(name, '640x480'):.1f} | {med(name, '640x480') / med(first, '640x480'):.2f} |"
-        )
+    for title, group in (("threads split", split), ("decode ahead", prefetch)):
+        if not group:
+            continue
+        first = next(iter(group))
+        print()
+        print(f"| {title} | 12 MP img/s | × first row | 640×480 img/s | × first row |")
+        print("|---|---:|---:|---:|---:|")
+        for name in group:
+            print(
+                f"| {name} | {med(name, '12 MP'):.1f} | "
+                f"{med(name, '12 MP') / med(first, '12 MP'):.2f} | {med(name, '640x480'):.1f} | "
+                f"{med(name, '640x480') / med(first, '640x480'):.2f} |"
+            )
     print(json.dumps({k: v for k, v in got.items()}, default=str)[:4000])
 
 
