@@ -150,3 +150,166 @@ def test_bad_files_are_refused(tmp_path: Path) -> None:
     broken.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
     with pytest.raises(ValueError, match="not a gzip"):
         openai_bpe_tokenizer(broken)
+
+
+def openai_encode(ref: Reference, text: str) -> list[int]:
+    """OpenAI's ``SimpleTokenizer.encode``: ``whitespace_clean(basic_clean(text)).lower()``."""
+    import ftfy
+
+    text = ftfy.fix_text(text)  # basic_clean
+    text = html.unescape(html.unescape(text)).strip()
+    text = regex.sub(r"\s+", " ", text).strip().lower()  # whitespace_clean with regex's \s
+    ids = []
+    for token in regex.findall(PATTERN, text):
+        token = "".join(ref.byte_encoder[b] for b in token.encode("utf-8", "replace"))
+        ids.extend(ref.encoder[t] for t in ref.bpe(token))
+    return ids
+
+
+HARD = [
+    # mojibake (UTF-8 read as Windows-1252 / Latin-1)
+    "cafÃ©",
+    "donâ€™t",
+    "naÃ¯ve rÃ©sumÃ©",
+    "â€œquotedâ€\x9d",
+    "Ã¼ber",
+    "MÃ¼nchen",
+    "Ã±andÃº",
+    "doesnâ€™t work",
+    "Ã\xa0 la carte",
+    "SchÃ¶ne GrÃ¼ÃŸe",
+    # curly quotes and apostrophes, dashes
+    "don’t",
+    "it’s",
+    "‘single’",
+    "“double”",
+    "we’re here",
+    "I’ll",
+    "they’ve",
+    "en–dash",
+    "em—dash",
+    "‚low‘ „quotes“",
+    # ligatures, fullwidth and compatibility forms
+    "ﬁsh",
+    "ﬂower",
+    "oﬀice",
+    "ﬆ",
+    "ＣＡＴ",
+    "ｆｕｌｌｗｉｄｔｈ ｄｏｇ",
+    "１２３",
+    "ｶﾀｶﾅ",
+    "Ⅻ",
+    "㎏",
+    # BOM, control characters, terminal escapes, C1 controls
+    "\ufeffhello",
+    "hello\ufeff",
+    "a\x00b",
+    "a\x1fb",
+    "a\x07b",
+    "tab\there",
+    "\x1b[31mred\x1b[0m",
+    "\x1b[1;32mgreen text\x1b[0m",
+    "x\x85y",
+    "\x80euro",
+    "\x9cword",
+    "bell\x07\x07",
+    "a\x7fb",
+    "a\x0bb",
+    "a\x0cb",
+    "line1\r\nline2",
+    "a\u200bb",
+    "a\u200db",
+    "a\u2028b",
+    "a\u2029b",
+    # unusual whitespace
+    "a\u00a0b",
+    "a\u2003b",
+    "a\u3000b",
+    "a\u202fb",
+    "a\u205fb",
+    "a\u1680b",
+    "  lots   of \n\n space  ",
+    "\t\t",
+    "\u2000\u2001\u2002",
+    # letters that change under normalisation or case mapping
+    "ǅemal",
+    "Ǆ",
+    "ǈ",
+    "İstanbul",
+    "ΣΊΣΥΦΟΣ",
+    "straße",
+    "ŉ",
+    "ﬀ",
+    "e\u0301cole",
+    "cafe\u0301",
+    "Å",
+    "Å",
+    "Ω",
+    "K",
+    # HTML entities, nested and broken
+    "&amp;amp;amp;",
+    "&lt;b&gt;bold&lt;/b&gt;",
+    "&quot;hi&quot;",
+    "&#39;x&#39;",
+    "&#x1F408;",
+    "&nbsp;space",
+    "&amp;lt;",
+    "fish &amp; chips",
+    "<b>tags</b> stay",
+    "&notanentity;",
+    "&",
+    # lone surrogates and odd code points
+    "\ud83d",
+    "x \ud83d y",
+    "\udc00tail",
+    "\ufffd",
+    "\U0010ffff",
+    "\ue000 private",
+    # accents, emoji, CJK, scripts
+    "naïve café",
+    "Ångström",
+    "crème brûlée",
+    "🐈 cat",
+    "👩‍👩‍👧 family",
+    "🇩🇪 flag",
+    "❤️ love",
+    "日本語のテキスト",
+    "中文文本",
+    "한국어 텍스트",
+    "Привет мир",
+    "مرحبا",
+    "שלום",
+    "हिन्दी",
+    "ภาษาไทย",
+    "Ελληνικά",
+    "1/2 ½ ⅓",
+    "x² + y³",
+    "€100 £5 ¥3",
+    "...!!!???",
+    "'s 't 're",
+    # long text, repetition
+    "a photo of a dog " * 30,
+    "supercalifragilisticexpialidocious " * 10,
+    "🐈" * 100,
+    "",
+    " ",
+]
+
+
+def test_cleaning_and_ids_equal_openai_on_hard_strings(
+    merges_file: tuple[Path, list[tuple[str, str]]], tmp_path: Path
+) -> None:
+    path, merges = merges_file
+    ref = Reference(merges)
+    out = tmp_path / "tokenizer.json"
+    openai_bpe_tokenizer(path, out, vocab_size=514 + len(merges))
+    clip = CLIPTokenizer(out, context_length=77)
+    assert len(HARD) >= 100
+    batch = clip.encode_batch(HARD)
+    sot, eot = len(merges) + 512, len(merges) + 513
+    wrong = []
+    for text, row, cut in zip(HARD, batch.rows, batch.truncated, strict=True):
+        expected = openai_encode(ref, text)
+        if list(row) != [sot, *expected[:75], eot] or cut != (len(expected) > 75):
+            wrong.append(text)
+    assert wrong == [], f"{len(wrong)} of {len(HARD)} differ from OpenAI: {wrong!r}"

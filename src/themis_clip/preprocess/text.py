@@ -1,17 +1,18 @@
-"""The only module that imports ``tokenizers``: CLIP tokenisation from the model's own files.
+r"""The only module that imports ``tokenizers``: CLIP tokenisation from the model's own files.
 
 Conventions (REFERENCE.md §2): every sequence is ``<|startoftext|> tokens <|endoftext|>``,
 padded to the batch length with the model's pad id (OpenAI pads with 0; HF and immich files
-often with the EOT id). Text is cleaned like OpenAI's ``basic_clean``/``whitespace_clean``
-(HTML unescaped twice, whitespace collapsed, lower-cased). Over-long text is truncated so that
-EOT stays last, and :class:`TokenBatch` reports which inputs were cut.
+often with the EOT id). Text is cleaned exactly as OpenAI's ``simple_tokenizer.py`` does
+(``basic_clean``: ``ftfy.fix_text``, then HTML unescaped twice, stripped; ``whitespace_clean``:
+the ``regex`` module's ``\s+`` collapsed to one space; then lower-cased), so token ids equal
+OpenAI's for any string. Over-long text is truncated so that EOT stays last, and
+:class:`TokenBatch` reports which inputs were cut.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,17 @@ import numpy.typing as npt
 
 from themis_clip.errors import ModelFormatError, TextInputError
 
-__all__ = ["EOT_TOKEN", "SOT_TOKEN", "CLIPTokenizer", "TokenBatch", "pad_id_from_config"]
+__all__ = [
+    "EOT_TOKEN",
+    "SOT_TOKEN",
+    "CLIPTokenizer",
+    "TokenBatch",
+    "openai_clean",
+    "pad_id_from_config",
+]
 
 SOT_TOKEN = "<|startoftext|>"
 EOT_TOKEN = "<|endoftext|>"
-_WHITESPACE = re.compile(r"\s+")
 
 
 @dataclass(frozen=True)
@@ -117,11 +124,24 @@ class CLIPTokenizer:
         return ids, mask
 
 
-def _clean(text: str) -> str:
-    # Lone surrogates cannot be encoded to UTF-8 and would make tokenizers raise.
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    text = html.unescape(html.unescape(text))
-    return _WHITESPACE.sub(" ", text).strip().lower()
+def openai_clean(text: str) -> str:
+    r"""OpenAI CLIP's ``whitespace_clean(basic_clean(text)).lower()``, to the letter.
+
+    ftfy repairs mojibake, curly quotes, ligatures, fullwidth letters, control characters and
+    lone surrogates (to U+FFFD) before HTML entities are unescaped twice; whitespace is the
+    ``regex`` module's ``\s`` (Unicode White_Space), as in OpenAI's code, not ``re``'s.
+    """
+    import ftfy
+    import regex
+
+    text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    text = regex.sub(r"\s+", " ", text).strip()
+    # ftfy leaves a lone surrogate only where it cannot pair it; UTF-8 cannot carry one.
+    return text.encode("utf-8", "replace").decode("utf-8").lower()
+
+
+_clean = openai_clean
 
 
 def pad_id_from_config(config: Path, tokenizer: Any) -> int:
