@@ -305,3 +305,54 @@ def test_fast_mode_box_reduces_large_non_jpeg_images_first(monkeypatch: pytest.M
     factors.clear()
     preprocess_image(png)  # exact mode never reduces
     assert factors == []
+
+
+EXTREME_SHAPES = [(13, 3000), (3000, 13), (7, 300), (300, 7), (40, 900), (900, 40), (2, 1000)]
+EXTREME_SHAPES += [(1000, 2), (300, 7000), (7000, 300), (224, 4000), (17, 300), (5, 5000)]
+
+
+def _content(kind: str, w: int, h: int, seed: int) -> Image.Image:
+    if kind == "photo":
+        return Image.fromarray(photo_like(w, h, seed))
+    rng = np.random.default_rng(seed)
+    noise = Image.fromarray(rng.integers(0, 256, (h, w, 4), dtype=np.uint8), "RGBA")
+    return {
+        "noise": noise.convert("RGB"),
+        "noise-rgba": noise,
+        "noise-palette": noise.convert("P"),
+    }[kind]
+
+
+@pytest.mark.parametrize("shape", EXTREME_SHAPES, ids=[f"{w}x{h}" for w, h in EXTREME_SHAPES])
+@pytest.mark.parametrize("kind", ["photo", "noise", "noise-rgba", "noise-palette"])
+def test_extreme_aspect_ratios_equal_the_full_reference(shape: tuple[int, int], kind: str) -> None:
+    # Beyond 16:1 only the surviving part is resampled; it must still be the reference exactly.
+    img = _content(kind, *shape, seed=shape[0] + shape[1])
+    ref = reference_clip_transform(img)  # builds the whole intermediate (fine at these sizes)
+    assert np.abs(preprocess_image(img) - ref).max() < 1e-5
+    assert (
+        np.abs(preprocess_image(img, image_size=64) - reference_clip_transform(img, 64)).max()
+        < 1e-5
+    )
+
+
+def test_extreme_aspect_ratio_stays_small_in_memory() -> None:
+    # The reference would need 224 x 22,400,000 x 3 bytes (15 GB) for these; we need a strip.
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, numpy as np; from PIL import Image;"
+        "from themis_clip import preprocess_image;"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        "rng = np.random.default_rng(0);"
+        "[preprocess_image(Image.fromarray(rng.integers(0, 256, s, dtype=np.uint8)))"
+        " for s in [(100000, 1, 3), (1, 100000, 3), (100000, 1)]];"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)"
+    )
+    grew_mb = int(
+        subprocess.run(
+            [sys.executable, "-c", code], check=True, capture_output=True, text=True
+        ).stdout
+    )
+    assert grew_mb < 200, f"{grew_mb} MB"
