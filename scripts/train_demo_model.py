@@ -49,6 +49,7 @@ HELD_OUT = [
     ("orange", "circle"),
 ]
 IMAGE_SIZE = 64
+VARIED_FRACTION = 0.75
 TEMPLATES = [
     "a {colour} {shape}",
     "a {size} {colour} {shape}",
@@ -98,23 +99,27 @@ def sample_scene(rng: np.random.Generator, *, held_out: bool) -> Scene:
 _PREP = ImagePreprocessor(ImageSpec(image_size=IMAGE_SIZE, mean=CLIP_MEAN, std=CLIP_STD))
 
 
-def render(args: tuple[Scene, int]) -> np.ndarray:
-    scene, size = args
-    return _PREP(np.asarray(render_scene(scene, size=size)))
+def render(args: tuple[Scene, int, bool]) -> np.ndarray:
+    scene, size, varied = args
+    return _PREP(np.asarray(render_scene(scene, size=size, varied=varied)))
 
 
 def build_pool(n: int, seed: int, *, held_out: bool = False) -> tuple[np.ndarray, list[Scene]]:
     rng = np.random.default_rng(seed)
     scenes = [sample_scene(rng, held_out=held_out) for _ in range(n)]
     sizes = rng.integers(96, 225, n)
+    # Most of the pool uses varied rendering (backgrounds, outlines, antialiasing, rotation,
+    # JPEG artefacts) so that shapes drawn by other programs are recognised too.
+    varied = (rng.random(n) < VARIED_FRACTION).tolist()
     with Pool(2) as pool:
-        pixels = pool.map(render, list(zip(scenes, sizes.tolist(), strict=True)), chunksize=256)
+        jobs = list(zip(scenes, sizes.tolist(), varied, strict=True))
+        pixels = pool.map(render, jobs, chunksize=256)
     return np.stack(pixels).astype(np.float16), scenes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--pool", type=int, default=30000)
     parser.add_argument("--seed", type=int, default=0)
@@ -197,6 +202,7 @@ def main() -> None:
             "batch": args.batch,
             "pool": args.pool,
             "seed": args.seed,
+            "varied_fraction": VARIED_FRACTION,
             "train_seconds": round(train_s),
         }
     }

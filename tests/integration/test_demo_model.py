@@ -94,3 +94,60 @@ def test_zero_shot_on_held_out_combinations(plugin: OnnxClipPlugin) -> None:
         f"zero-shot accuracy on held-out combinations ({len(items)} images, {len(labels)} classes): {accuracy:.3f}"
     )
     assert accuracy >= 0.6
+
+
+def _plain_shape(colour: str, shape: str, *, size: int, radius: float, cx: float, cy: float) -> bytes:
+    """An independent renderer: a filled shape in a named colour on off-white paper, as PNG.
+
+    Deliberately not ``demo/scenes.py``: named colours (Pillow's CSS table), axis-aligned
+    rectangles, upright triangles, a plain background, no noise.
+    """
+    import io
+
+    from PIL import Image, ImageColor, ImageDraw
+
+    img = Image.new("RGB", (size, size), (246, 244, 238))
+    draw = ImageDraw.Draw(img)
+    fill = ImageColor.getrgb(colour)
+    box = [cx - radius, cy - radius, cx + radius, cy + radius]
+    if shape == "circle":
+        draw.ellipse(box, fill=fill)
+    elif shape == "square":
+        draw.rectangle(box, fill=fill)
+    else:
+        draw.polygon([(cx, cy - radius), (cx + radius, cy + radius), (cx - radius, cy + radius)], fill=fill)
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_plain_shapes_from_another_renderer(plugin: OnnxClipPlugin) -> None:
+    colours = ("red", "green", "blue", "yellow")
+    shapes = ("circle", "square", "triangle")
+    rng = np.random.default_rng(99)
+    colour_hits, shape_hits, both = [], [], []
+    for _ in range(3):  # three independent galleries of 12 plain shapes each
+        gallery = [(c, s) for c in colours for s in shapes]
+        images = []
+        for c, s in gallery:
+            size = 224
+            radius = float(rng.uniform(0.2, 0.32)) * size
+            cx = float(rng.uniform(radius, size - radius))
+            cy = float(rng.uniform(radius, size - radius))
+            images.append(_plain_shape(c, s, size=size, radius=radius, cx=cx, cy=cy))
+        results = plugin.generate_embedding_batch(images)
+        assert all(r.ok for r in results)
+        vectors = np.stack([r.embedding for r in results])  # type: ignore[misc]
+        texts = plugin.generate_text_embedding_batch([f"a {c} {s}" for c, s in gallery])
+        queries = np.stack([t.embedding for t in texts])  # type: ignore[misc]
+        for q, i in enumerate(np.argmax(queries @ vectors.T, axis=1)):
+            colour_hits.append(gallery[i][0] == gallery[q][0])
+            shape_hits.append(gallery[i][1] == gallery[q][1])
+            both.append(gallery[i] == gallery[q])
+    print(
+        f"plain shapes, text->image top-1 over {len(both)} queries: "
+        f"colour {np.mean(colour_hits):.3f}, shape {np.mean(shape_hits):.3f}, both {np.mean(both):.3f}"
+    )
+    assert np.mean(colour_hits) >= 0.95
+    assert np.mean(shape_hits) >= 0.95
+    assert np.mean(both) >= 0.95

@@ -387,7 +387,8 @@ def _convolve(
         acc = term if acc is None else acc + term
     assert acc is not None
     acc += 1 << (_PRECISION_BITS - 1)
-    return np.clip(acc >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+    out: npt.NDArray[np.uint8] = np.clip(acc >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+    return out
 
 
 def _nearest_crop(
