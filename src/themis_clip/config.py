@@ -167,7 +167,9 @@ class PluginConfig:
         session: ONNX Runtime session tuning.
         device_id: GPU ordinal for CUDA/TensorRT/DirectML/ROCm.
         drain_timeout_s: how long a hot swap waits for in-flight requests on the old model.
-        allow_embedding_space_change: let ``reload_model`` change model identity or dimension.
+        allow_embedding_space_change: let ``reload_model`` change model identity or dimension
+            (default True, the seed's contract: any model that loads and validates is
+            accepted and the change is reported); False is the strict mode that refuses it.
         prepack_weights: let ONNX Runtime prepack weight matrices (faster GEMMs, but a private
             copy of every weight). None: on, except with memory-mapped loading, where the copy
             would defeat the shared mapping.
@@ -184,7 +186,7 @@ class PluginConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     device_id: int = 0
     drain_timeout_s: float = 30.0
-    allow_embedding_space_change: bool = False
+    allow_embedding_space_change: bool = True
     prepack_weights: bool | None = None
 
     def __post_init__(self) -> None:
@@ -285,7 +287,7 @@ class PluginConfig:
             session=session,
             device_id=r.get("device_id", int, 0),
             drain_timeout_s=r.number("drain_timeout_s", 30.0),
-            allow_embedding_space_change=r.get("allow_embedding_space_change", bool, False),
+            allow_embedding_space_change=r.get("allow_embedding_space_change", bool, True),
             prepack_weights=r.get("prepack_weights", bool),
         )
         r.finish()

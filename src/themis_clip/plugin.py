@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
 
-__all__ = ["OnnxClipPlugin", "PluginState"]
+__all__ = ["OnnxClipPlugin", "PluginState", "ReloadReport"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,40 @@ class PluginState(enum.StrEnum):
     ACTIVATING = "ACTIVATING"
     READY = "READY"
     ERROR = "ERROR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReloadReport:
+    """The outcome of one ``reload_model`` call.
+
+    Attributes:
+        ok: the new model is active.
+        previous: the identity active before the call.
+        current: the identity active after it (``previous`` when the reload failed).
+        space_changed: vectors of ``previous`` are not comparable with ``current``'s.
+        error: why the reload failed (None on success).
+        seconds: how long the call took.
+    """
+
+    ok: bool
+    previous: ModelIdentity
+    current: ModelIdentity
+    space_changed: bool
+    error: str | None
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        def ident(i: ModelIdentity) -> dict[str, Any]:
+            return {"model_id": i.model_id, "sha256": i.sha256, "embedding_dim": i.embedding_dim}
+
+        return {
+            "ok": self.ok,
+            "previous": ident(self.previous),
+            "current": ident(self.current),
+            "space_changed": self.space_changed,
+            "error": self.error,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 class OnnxClipPlugin(ImageAnalysisBackend):
@@ -98,10 +133,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         self._model_lock = threading.Lock()  # guards the _model reference and acquire()
         self._admin_lock = threading.RLock()  # serialises initialize / reload / shutdown
         self._executor: ThreadPoolExecutor | None = None
+        self._executor_workers = 0
         self._config: PluginConfig | None = None
         self._requested_backend = BackendType.AUTO
         self._stats = Statistics()
         self._state = PluginState.UNINITIALIZED
+        self._state_history: deque[str] = deque([self._state.value], maxlen=32)
+        self._last_reload: ReloadReport | None = None
         self._reload_counts = {"reloads": 0, "reload_failures": 0, "drain_timeouts": 0}
         self._last_reload_error: str | None = None
         self._last_health: bool | None = None
@@ -137,24 +175,29 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         with self._admin_lock:
             if self._model is not None:
                 self.shutdown()
-            requested = BackendType(backend) if backend is not BackendType.AUTO else config.backend
-            self._state = PluginState.LOADING
+            # Compared by value: "auto" (a str) is AUTO too and must not override config.backend.
+            requested = BackendType(backend)
+            if requested is BackendType.AUTO:
+                requested = config.backend
+            self._set_state(PluginState.LOADING)
             try:
                 model = self._load(config, requested)
             except Exception as exc:
-                self._state = PluginState.ERROR
+                self._set_state(PluginState.ERROR)
                 self.last_error = _describe(exc)
                 log.error("initialize failed: %s", self.last_error)
                 return False
             model.generation = 1
-            workers = config.preprocess_workers or min(4, os.cpu_count() or 1)
-            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess")
+            self._executor_workers = _workers(config)
+            self._executor = ThreadPoolExecutor(
+                self._executor_workers, thread_name_prefix="themis-preprocess"
+            )
             self._config = config
             self._requested_backend = requested
             self._stats.reset()
             with self._model_lock:
                 self._model = model
-            self._state = PluginState.READY
+            self._set_state(PluginState.READY)
             self.last_error = None
             return True
 
@@ -173,7 +216,8 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             self._reload_counts = dict.fromkeys(self._reload_counts, 0)
             self._last_reload_error = None
             self._last_health = None
-            self._state = PluginState.UNINITIALIZED
+            self._last_reload = None
+            self._set_state(PluginState.UNINITIALIZED)
             log.info("plugin shut down")
 
     def is_ready(self) -> bool:
@@ -332,19 +376,43 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             ),
             last_health_check=self._last_health,
             last_reload_error=self._last_reload_error,
+            last_reload=self._last_reload.as_dict() if self._last_reload else None,
+            state_history=list(self._state_history),
+            preprocess_workers=self._executor_workers if self._executor else None,
             **self._reload_counts,
         )
         return stats
 
     # -- hot swap ------------------------------------------------------------------------------
 
-    def reload_model(self, new_config: PluginConfig) -> bool:
+    def reload_model(
+        self,
+        new_config: PluginConfig,
+        *,
+        space_guard: Callable[[ModelIdentity, ModelIdentity], None] | None = None,
+    ) -> bool:
         """Swap in the model of ``new_config`` without stopping service (seed §9.1).
+
+        Any model that loads, hashes and validates is accepted, as in the seed (whose own
+        example moves to a 768-d model). When the embedding space changes (another name,
+        SHA-256 or dimension) the log says so at warning level and :attr:`last_reload` /
+        ``get_statistics()["last_reload"]`` report both identities. Strict mode,
+        ``allow_embedding_space_change: false`` in the new config, refuses such a reload.
+
+        Args:
+            new_config: the configuration to run from now on.
+            space_guard: called with ``(old, new)`` identities before activation when the
+                space changes; raising refuses the reload (the HTTP service uses this to
+                protect an attached index).
 
         Returns:
             True when the new model is active. False (old model still active and serving)
-            when the plugin is not initialised, or loading, hashing, validation or the
-            embedding-space check failed; the reason is in ``last_error``.
+            when the plugin is not initialised, or loading, hashing, validation, the strict
+            check or ``space_guard`` failed; the reason is in ``last_error``.
+
+        States (``get_statistics()["state"]``, ``["state_history"]``): READY → LOADING →
+        VALIDATING → ACTIVATING (swap, then drain of the old model) → READY; on failure
+        LOADING or VALIDATING → ERROR (the new model is released) → READY with the old model.
         """
         if self._model is None:
             self.last_error = "reload_model: the plugin is not initialised"
@@ -356,33 +424,56 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                 return False
             self._reload_counts["reloads"] += 1
             log.info("reload started: %s", new_config.model.path)
+            t0 = time.perf_counter()
             new: ClipModel | None = None
             try:
-                self._state = PluginState.LOADING
+                self._set_state(PluginState.LOADING)
                 backend = new_config.backend
                 if backend is BackendType.AUTO:
                     backend = self._requested_backend
                 new = self._load(new_config, backend)
-                self._state = PluginState.VALIDATING
+                self._set_state(PluginState.VALIDATING)
                 if not _validate(new):
                     raise ModelMismatchError(
                         "validation inference gave a wrong shape or non-finite values"
                     )
-                _check_same_space(old.identity, new.identity, new_config)
+                changed = _space_changed(old.identity, new.identity)
+                if changed:
+                    _check_same_space(old.identity, new.identity, new_config)
+                    if space_guard is not None:
+                        space_guard(old.identity, new.identity)
             except Exception as exc:
+                self._set_state(PluginState.ERROR)
                 if new is not None:
                     new.retire(0)
                 self._reload_counts["reload_failures"] += 1
                 self._last_reload_error = self.last_error = _describe(exc)
-                self._state = PluginState.ERROR
+                self._last_reload = ReloadReport(
+                    ok=False,
+                    previous=old.identity,
+                    current=old.identity,
+                    space_changed=False,
+                    error=self.last_error,
+                    seconds=time.perf_counter() - t0,
+                )
                 log.error("reload failed, keeping %s: %s", old.identity.model_id, self.last_error)
-                self._state = PluginState.READY
+                self._set_state(PluginState.READY)
                 return False
-            self._state = PluginState.ACTIVATING
+            self._set_state(PluginState.ACTIVATING)
             new.generation = old.generation + 1
+            old_executor = self._resize_executor(new_config)
             with self._model_lock:
                 self._model = new
             self._config = new_config
+            if changed:
+                log.warning(
+                    "reload changed the embedding space: %s (dim %d) -> %s (dim %d); vectors "
+                    "stored with the old model are not comparable with new ones",
+                    old.identity.model_id,
+                    old.identity.embedding_dim,
+                    new.identity.model_id,
+                    new.identity.embedding_dim,
+                )
             drained = old.retire(new_config.drain_timeout_s)
             if not drained:
                 self._reload_counts["drain_timeouts"] += 1
@@ -391,10 +482,42 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                     old.identity.model_id,
                     new_config.drain_timeout_s,
                 )
-            self._state = PluginState.READY
+            if old_executor is not None and drained:
+                old_executor.shutdown(wait=False)  # undrained: its idle threads end with it
+            self._last_reload = ReloadReport(
+                ok=True,
+                previous=old.identity,
+                current=new.identity,
+                space_changed=changed,
+                error=None,
+                seconds=time.perf_counter() - t0,
+            )
+            self._set_state(PluginState.READY)
             self._last_reload_error = self.last_error = None
             log.info("reload finished: %s is generation %d", new.identity.model_id, new.generation)
             return True
+
+    @property
+    def last_reload(self) -> ReloadReport | None:
+        """What the last ``reload_model`` call did (None before the first one)."""
+        return self._last_reload
+
+    def _set_state(self, state: PluginState) -> None:
+        self._state = state
+        self._state_history.append(state.value)
+
+    def _resize_executor(self, config: PluginConfig) -> ThreadPoolExecutor | None:
+        """Apply a changed ``preprocess_workers``; return the executor to retire, if any."""
+        workers = _workers(config)
+        if self._executor is not None and self._executor_workers == workers:
+            return None
+        old, self._executor = (
+            self._executor,
+            ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess"),
+        )
+        self._executor_workers = workers
+        log.info("preprocess workers: %d", workers)
+        return old
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -542,15 +665,23 @@ def _validate(model: ClipModel) -> bool:
     return True
 
 
+def _space_changed(old: ModelIdentity, new: ModelIdentity) -> bool:
+    return (old.name, old.sha256, old.embedding_dim) != (new.name, new.sha256, new.embedding_dim)
+
+
 def _check_same_space(old: ModelIdentity, new: ModelIdentity, config: PluginConfig) -> None:
+    """Strict mode (``allow_embedding_space_change: false``) refuses a change of space."""
     if config.allow_embedding_space_change:
         return
-    if old.embedding_dim != new.embedding_dim or old.sha256 != new.sha256:
-        raise ModelMismatchError(
-            f"reload would change the embedding space ({old.model_id}, dim {old.embedding_dim} → "
-            f"{new.model_id}, dim {new.embedding_dim}): vectors stored so far would no longer be "
-            "comparable; set allow_embedding_space_change to true and re-index"
-        )
+    raise ModelMismatchError(
+        f"reload would change the embedding space ({old.model_id}, dim {old.embedding_dim} → "
+        f"{new.model_id}, dim {new.embedding_dim}): vectors stored so far would no longer be "
+        "comparable; set allow_embedding_space_change to true and re-index"
+    )
+
+
+def _workers(config: PluginConfig) -> int:
+    return config.preprocess_workers or min(4, os.cpu_count() or 1)
 
 
 def _translate(exc: BaseException) -> BaseException:

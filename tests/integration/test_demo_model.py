@@ -96,7 +96,9 @@ def test_zero_shot_on_held_out_combinations(plugin: OnnxClipPlugin) -> None:
     assert accuracy >= 0.6
 
 
-def _plain_shape(colour: str, shape: str, *, size: int, radius: float, cx: float, cy: float) -> bytes:
+def _plain_shape(
+    colour: str, shape: str, *, size: int, radius: float, cx: float, cy: float
+) -> bytes:
     """An independent renderer: a filled shape in a named colour on off-white paper, as PNG.
 
     Deliberately not ``demo/scenes.py``: named colours (Pillow's CSS table), axis-aligned
@@ -115,7 +117,9 @@ def _plain_shape(colour: str, shape: str, *, size: int, radius: float, cx: float
     elif shape == "square":
         draw.rectangle(box, fill=fill)
     else:
-        draw.polygon([(cx, cy - radius), (cx + radius, cy + radius), (cx - radius, cy + radius)], fill=fill)
+        draw.polygon(
+            [(cx, cy - radius), (cx + radius, cy + radius), (cx - radius, cy + radius)], fill=fill
+        )
     buf = io.BytesIO()
     img.save(buf, "PNG")
     return buf.getvalue()

@@ -410,7 +410,8 @@ def test_hs12_failed_reload_rolls_back(
             wrong_dim(tmp_path), embedding_dim=32, allow_embedding_space_change=True
         ),
         "nan output": lambda: config(nan_model(tmp_path), allow_embedding_space_change=True),
-        "space change": lambda: config(tiny_model_dir_b),
+        # Strict mode (the default before the seed's contract was restored) refuses it.
+        "space change": lambda: config(tiny_model_dir_b, allow_embedding_space_change=False),
     }[kind]()
     assert swap_plugin.reload_model(bad) is False
     assert message in (swap_plugin.last_error or "")
@@ -475,3 +476,82 @@ def test_model_files_changed_or_deleted_while_loaded(
     assert not plugin.reload_model(cfg)
     assert "not found" in (plugin.last_error or "")
     plugin.shutdown()
+
+
+def test_reload_to_another_model_follows_the_seed_and_reports_the_change(
+    swap_plugin: OnnxClipPlugin, tiny_model_dir_b: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The seed's own example reloads to another model and expects true: no opt-in needed.
+    before = swap_plugin.model_identity
+    assert before is not None
+    with caplog.at_level("WARNING", logger="themis_clip.plugin"):
+        assert swap_plugin.reload_model(config(tiny_model_dir_b)) is True
+    report = swap_plugin.last_reload
+    assert report is not None and report.ok and report.space_changed
+    assert report.previous == before and report.current == swap_plugin.model_identity
+    assert report.current.model_id.startswith("tiny-b@")
+    stats = swap_plugin.get_statistics()["last_reload"]
+    assert stats["space_changed"] is True
+    assert stats["previous"]["model_id"] == before.model_id
+    assert stats["current"]["embedding_dim"] == report.current.embedding_dim
+    assert any("changed the embedding space" in r.getMessage() for r in caplog.records)
+    # Same space again: reported as unchanged.
+    assert swap_plugin.reload_model(config(tiny_model_dir_b, max_batch_size=4))
+    assert swap_plugin.last_reload is not None and not swap_plugin.last_reload.space_changed
+
+
+def _tail(plugin: OnnxClipPlugin, n: int) -> list[str]:
+    return list(plugin.get_statistics()["state_history"])[-n:]
+
+
+def test_reload_states_are_real(
+    swap_plugin: OnnxClipPlugin, tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    assert swap_plugin.reload_model(config(tmp_path / "nothing")) is False
+    assert _tail(swap_plugin, 3) == ["LOADING", "ERROR", "READY"]
+    assert swap_plugin.reload_model(config(nan_model(tmp_path))) is False
+    assert _tail(swap_plugin, 4) == ["LOADING", "VALIDATING", "ERROR", "READY"]
+    assert swap_plugin.reload_model(config(tiny_model_dir_b)) is True
+    assert _tail(swap_plugin, 4) == ["LOADING", "VALIDATING", "ACTIVATING", "READY"]
+    assert swap_plugin.get_statistics()["state"] == "READY"
+
+
+def test_reload_state_is_observable_while_it_runs(
+    tiny_model_dir: Path, tiny_model_dir_b: Path
+) -> None:
+    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_hash(path: Path) -> str:
+        if armed.is_set():  # hold the reload's hashing step until the test has looked
+            entered.set()
+            assert release.wait(20)
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    p = OnnxClipPlugin(hash_fn=slow_hash)
+    assert p.initialize(config(tiny_model_dir))
+    armed.set()
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(p.reload_model, config(tiny_model_dir_b))
+        assert entered.wait(20)
+        assert p.get_statistics()["state"] == "LOADING"
+        assert p.generate_embedding(IMAGES[0]).ok  # the old model serves meanwhile
+        release.set()
+        assert done.result(20) is True
+    assert p.get_statistics()["state"] == "READY"
+    p.shutdown()
+
+
+def test_reload_applies_a_changed_preprocess_worker_count(
+    tiny_model_dir: Path,
+    refs: dict,  # type: ignore[type-arg]
+) -> None:
+    p = OnnxClipPlugin()
+    assert p.initialize(config(tiny_model_dir, preprocess_workers=1))
+    assert p.get_statistics()["preprocess_workers"] == 1
+    assert p.reload_model(config(tiny_model_dir, preprocess_workers=3))
+    assert p.get_statistics()["preprocess_workers"] == 3
+    model_id = p.get_statistics()["model_id"]
+    results = p.generate_embedding_batch(IMAGES)
+    for i, r in enumerate(results):  # the new pool decodes, and decodes the same
+        assert r.ok and np.array_equal(r.embedding, refs[model_id][0][i])
+    p.shutdown()

@@ -145,3 +145,11 @@ def test_directml_requested_on_linux_runs_on_cpu(tiny_model_dir: Path) -> None:
     )
     assert plugin.get_backend() is BackendType.CPU
     plugin.shutdown()
+
+
+def test_auto_given_as_a_string_keeps_the_configured_backend(tiny_model_dir: Path) -> None:
+    # initialize(config, "auto") means "use config.backend", as BackendType.AUTO does.
+    plugin = OnnxClipPlugin(available_providers=[CUDA, CPU])
+    config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)), backend=BackendType.CUDA)
+    assert not plugin.initialize(config, "auto")  # type: ignore[arg-type]
+    assert "CUDAExecutionProvider" in (plugin.last_error or "")

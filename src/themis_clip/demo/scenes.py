@@ -196,7 +196,9 @@ def _draw(
         pts = _polygon(scene.shape, cx, cy, r)
         if spin:
             c, s = math.cos(spin), math.sin(spin)
-            pts = [(cx + (x - cx) * c - (y - cy) * s, cy + (x - cx) * s + (y - cy) * c) for x, y in pts]
+            pts = [
+                (cx + (x - cx) * c - (y - cy) * s, cy + (x - cx) * s + (y - cy) * c) for x, y in pts
+            ]
         draw.polygon(pts, fill=colour, outline=outline, width=width)
     return img
 
