@@ -1,6 +1,6 @@
 """Train the shipped demo model: a small CLIP on generated scenes of coloured shapes.
 
-Reproducible (seeded, CPU, 2 threads, about 12 minutes on this project's 2-core machines):
+Reproducible (seeded, CPU, 2 threads, about 15-40 minutes (depending on load) on this project's 2-core machines):
 
     .venv/bin/python scripts/train_demo_model.py            # writes src/themis_clip/data/demo_model
 
