@@ -465,13 +465,7 @@ def _cmd_embed_dataset(args: argparse.Namespace) -> int:
     if args.actors < 1:
         raise CLIError("--actors must be >= 1")
     config = _config(args)
-    raw: dict[str, Any] = {
-        "model": {"path": config.model.path},
-        "max_batch_size": config.max_batch_size,
-        "backend": config.backend.value,
-    }
-    if config.model.variant:
-        raw["model"]["variant"] = config.model.variant
+    raw = config.raw()  # the whole configuration, losslessly, to every actor
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     try:
         report = embed_dataset(

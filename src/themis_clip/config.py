@@ -16,6 +16,7 @@ silently fall back to a default), and every error names the dotted key.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -211,6 +212,34 @@ class PluginConfig:
 
     # -- parsing -----------------------------------------------------------------------------
 
+    def raw(self) -> dict[str, Any]:
+        """The whole configuration as JSON-ready data; ``from_dict(c.raw()) == c`` (lossless).
+
+        ThemisDB's ``PluginConfig::raw()``; also how the configuration travels to Ray actors.
+        """
+        out = _plain(self)
+        assert isinstance(out, dict)
+        return out
+
+    to_dict = raw
+
+    def get(self, path: str, default: Any = None) -> Any:
+        """The value at a dotted ``path`` of :meth:`raw` (``"model.path"``), else ``default``.
+
+        ThemisDB's ``PluginConfig::get(path, default)``; the typed fields stay the primary API.
+        """
+        node: Any = self.raw()
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    def has(self, path: str) -> bool:
+        """Whether a dotted ``path`` names a key of :meth:`raw` (ThemisDB's ``has``)."""
+        missing = object()
+        return self.get(path, missing) is not missing
+
     @classmethod
     def from_json(
         cls, text: str | bytes, *, base_dir: str | os.PathLike[str] | None = None
@@ -292,6 +321,19 @@ class PluginConfig:
         )
         r.finish()
         return config
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings as JSON data (the inverse of ``from_dict``)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _check_positive(value: int, key: str) -> None:

@@ -202,3 +202,30 @@ def test_cli_embed_dataset_then_index_from_parquet(
         timeout=120,
     )
     assert other.returncode == 2 and "not of tiny-b" in other.stderr
+
+
+def test_cli_ships_the_whole_configuration_to_the_actors(
+    photos: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # A wrong expected_sha256 in the config must reach each actor and stop it loading (the
+    # configuration used to be cut down to path, batch size and backend on the way).
+    import json
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "model": {"path": str(tiny_model_dir), "expected_sha256": "0" * 64},
+                "preprocess": {"decode_mode": "exact"},
+            }
+        )
+    )
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    run = subprocess.run(
+        [exe, "embed-dataset", str(photos), str(tmp_path / "emb"), "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode != 0
+    assert "SHA-256" in run.stderr, run.stderr[-3000:]

@@ -133,3 +133,55 @@ def test_config_is_frozen() -> None:
     config = PluginConfig.from_dict({"model": {"path": "m"}})
     with pytest.raises(AttributeError):
         config.max_batch_size = 3  # type: ignore[misc]
+
+
+FULL = {
+    "model": {
+        "path": "/m",
+        "name": "n",
+        "embedding_dim": 8,
+        "expected_sha256": "a" * 64,
+        "enable_mmap_loading": True,
+        "text_path": "/t.onnx",
+        "tokenizer_path": "/tok.json",
+        "variant": "int8",
+        "mmap_cache_dir": "/c",
+    },
+    "backend": "cuda",
+    "max_batch_size": 7,
+    "intra_op_threads": 3,
+    "preprocess_workers": 2,
+    "prefetch_batches": 0,
+    "preprocess": {
+        "image_size": 96,
+        "mean": [0.1, 0.2, 0.3],
+        "std": [0.4, 0.5, 0.6],
+        "resize_mode": "squash",
+        "apply_exif": False,
+        "max_image_pixels": 1000,
+        "decode_mode": "exact",
+    },
+    "tensorrt": {"cache_dir": "/trt", "fp16": True},
+    "session": {
+        "optimization_level": "basic",
+        "optimized_model_cache_dir": "/o",
+        "cpu_mem_arena": False,
+        "allow_spinning": True,
+    },
+    "device_id": 1,
+    "drain_timeout_s": 2.5,
+    "allow_embedding_space_change": False,
+    "prepack_weights": True,
+}
+
+
+def test_raw_is_lossless_and_dotted_access_works() -> None:
+    config = PluginConfig.from_dict(FULL)
+    assert config.raw() == FULL  # every non-default setting survives
+    assert PluginConfig.from_dict(json.loads(json.dumps(config.raw()))) == config
+    default = PluginConfig.from_dict({"model": {"path": "/m"}})
+    assert PluginConfig.from_dict(default.raw()) == default
+    assert config.get("preprocess.decode_mode") == "exact"
+    assert config.get("model.expected_sha256") == "a" * 64
+    assert config.get("model.nope", 5) == 5 and config.get("backend.deeper") is None
+    assert config.has("session.allow_spinning") and not config.has("session.nope")
