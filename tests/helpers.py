@@ -87,3 +87,73 @@ def wait_ready(base: str, proc: subprocess.Popen[Any], timeout_s: float = 60) ->
         if time.monotonic() > deadline:
             raise AssertionError("server never became ready")
         time.sleep(0.2)
+
+
+class ServerProcess:
+    """A real ``themis-clip serve`` subprocess on a port it chose itself (``--port 0``).
+
+    The server prints ``listening on http://HOST:PORT`` once bound; nothing races for the
+    port between choosing and binding it. Use as a context manager: SIGTERM, then kill.
+    """
+
+    def __init__(
+        self, args: list[str], *, env: dict[str, str] | None = None, ready: bool = True
+    ) -> None:
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        exe = str(Path(sys.executable).parent / "themis-clip")
+        self.proc = subprocess.Popen(
+            [exe, "serve", "--port", "0", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.base = self._read_address()
+        self.log: list[str] = []
+        import threading
+
+        assert self.proc.stderr is not None
+        stream = self.proc.stderr
+        # Keep reading the server's stderr so that its logging can never fill the pipe.
+        threading.Thread(target=lambda: self.log.extend(stream), daemon=True).start()
+        if ready:
+            wait_ready(self.base, self.proc)
+
+    def _read_address(self, timeout_s: float = 60) -> str:
+        import selectors
+
+        assert self.proc.stderr is not None
+        deadline = time.monotonic() + timeout_s
+        seen = []
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stderr, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+                line = self.proc.stderr.readline()
+                if not line:
+                    break
+                seen.append(line)
+                if "listening on " in line:
+                    return line.split("listening on ", 1)[1].strip()
+        self.proc.kill()
+        raise AssertionError("server did not report its address: " + "".join(seen)[-2000:])
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

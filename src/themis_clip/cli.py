@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -126,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--index", help="index file for /search and /index/items")
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
     p.add_argument("--max-queue", type=int, default=512, help="waiting items before 429")
@@ -280,13 +281,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises
     # the signal; a no-op handler makes that graceful stop end with exit code 0, not -15.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level="info" if args.verbose else "warning",
-        timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
+    # Bind here, so that --port 0 picks a free port and the line below says which (tests and
+    # supervisors read it; nothing races for a port between choosing and binding it).
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+    sock.listen(2048)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            log_level="info" if args.verbose else "warning",
+            timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
+        )
     )
+    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    print(f"themis-clip: listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
+    sys.stderr.flush()
+    server.run(sockets=[sock])
     return 0
 
 

@@ -68,6 +68,8 @@ class EmbeddingResult:
         truncated: for text, True when the input was longer than the context and was cut.
         model_id: identity of the model that produced the vector (name@sha256 prefix).
         metadata: the caller's metadata, passed through unchanged.
+        tokens: for text, how many token positions the text tower processed (start and end
+            tokens included, after truncation); None for images.
     """
 
     ok: bool
@@ -78,6 +80,7 @@ class EmbeddingResult:
     truncated: bool = False
     model_id: str | None = None
     metadata: Mapping[str, Any] | None = field(default=None, compare=False)
+    tokens: int | None = None
 
     @classmethod
     def success(
@@ -88,6 +91,7 @@ class EmbeddingResult:
         model_id: str | None,
         truncated: bool = False,
         metadata: Mapping[str, Any] | None = None,
+        tokens: int | None = None,
     ) -> EmbeddingResult:
         return cls(
             ok=True,
@@ -96,6 +100,7 @@ class EmbeddingResult:
             model_id=model_id,
             truncated=truncated,
             metadata=metadata,
+            tokens=tokens,
         )
 
     @classmethod

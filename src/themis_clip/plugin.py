@@ -621,7 +621,12 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         latency = _ms(t0)
         for row, i in enumerate(valid_idx):
             results[i] = _result(
-                embeddings[row], bool(valid[row]), latency, model, truncated=batch.truncated[row]
+                embeddings[row],
+                bool(valid[row]),
+                latency,
+                model,
+                truncated=batch.truncated[row],
+                tokens=len(batch.rows[row]),
             )
 
 
@@ -632,6 +637,7 @@ def _result(
     model: ClipModel,
     *,
     truncated: bool = False,
+    tokens: int | None = None,
 ) -> EmbeddingResult:
     if not valid:
         return EmbeddingResult.failure(
@@ -639,7 +645,11 @@ def _result(
             latency_ms=latency_ms,
         )
     return EmbeddingResult.success(
-        embedding, latency_ms=latency_ms, model_id=model.identity.model_id, truncated=truncated
+        embedding,
+        latency_ms=latency_ms,
+        model_id=model.identity.model_id,
+        truncated=truncated,
+        tokens=tokens,
     )
 
 

@@ -229,14 +229,21 @@ def test_admin_reload_security(client: TestClient, model_root: Path, tmp_path: P
         assert "outside the model root" in error(
             client.post("/admin/reload", json={"path": bad}, headers=auth), 403, "Forbidden"
         )
-    # Another model without allowing the space change: refused, the old model keeps serving.
-    msg = error(client.post("/admin/reload", json={"path": "b"}, headers=auth), 422, "ReloadFailed")
-    assert "would change the embedding space" in msg
+    # An empty index binds nothing yet; once it holds model a's vectors, swapping to model b
+    # would make them incomparable: 409 naming both models, the old model keeps serving.
     client.post("/index/items", json={"items": [{"id": "x", "image": data_url(png(1))}]})
+    msg = error(
+        client.post("/admin/reload", json={"path": "b"}, headers=auth),
+        409,
+        "IndexModelMismatchError",
+    )
+    assert "tiny-a@" in msg and "tiny-b@" in msg and "Re-index" in msg
+    assert client.get("/readyz").json()["model_id"].startswith("tiny-a@")
     ok = client.post(
         "/admin/reload", json={"path": "b", "allow_embedding_space_change": True}, headers=auth
     )
     assert ok.status_code == 200 and ok.json()["model_id"].startswith("tiny-b@")
+    assert ok.json()["space_changed"] is True
     # The index was built by model a: searching it with model b is refused with a clear message.
     assert "Re-index" in error(
         client.post("/search", json={"text": "a"}), 409, "IndexModelMismatchError"
@@ -450,3 +457,38 @@ def test_slow_and_vanishing_clients_do_not_hurt_others(model_root: Path, tmp_pat
     finally:
         proc.terminate()
         assert proc.wait(60) == 0
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"garbage{",
+        b'{"model": {"path": "x"}}',
+        b"{}",
+        b'{"path": 5}',
+        b'{"path": "a", "unknown": 1}',
+        b"",
+    ],
+)
+def test_admin_authenticates_before_reading_the_body(client: TestClient, body: bytes) -> None:
+    headers = {"content-type": "application/json"}
+    for auth, status in ((None, 401), ("Bearer nope", 403), ("Basic abc", 401)):
+        h = {**headers, **({"Authorization": auth} if auth else {})}
+        r = client.post("/admin/reload", content=body, headers=h)
+        assert r.status_code == status, (auth, body, r.text)
+        assert r.json()["error"]["type"] in ("Unauthorized", "Forbidden")
+        assert "path" not in r.text and "field" not in r.text.lower()  # nothing about the schema
+    # With the token, the same bodies are validated (and named) as before.
+    ok = client.post(
+        "/admin/reload", content=body, headers={**headers, "Authorization": f"Bearer {TOKEN}"}
+    )
+    assert ok.status_code in (400, 422), ok.text
+
+
+def test_one_status_table_for_raised_and_reported_errors() -> None:
+    from themis_clip.errors import ConfigError, InferenceError, TextInputError
+    from themis_clip.server.errors import status_for, status_for_name
+
+    for exc in (ConfigError("x"), TextInputError("x"), InferenceError("x")):
+        assert status_for(exc) == status_for_name(type(exc).__name__)
+    assert status_for(ConfigError("x")) == 422

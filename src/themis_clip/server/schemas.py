@@ -22,6 +22,9 @@ class OpenAIEmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     modality: Literal["text", "image"] = "text"
     user: str | None = None
+    dimensions: int | None = Field(
+        default=None, ge=1, description="must equal the model's dimension (CLIP cannot shorten)"
+    )
 
 
 class TextRequest(_Strict):
@@ -52,4 +55,7 @@ class ReloadRequest(_Strict):
     variant: str | None = None
     expected_sha256: str | None = None
     enable_mmap_loading: bool | None = None
-    allow_embedding_space_change: bool = False
+    allow_embedding_space_change: bool = Field(
+        default=False,
+        description="swap even though the attached index's vectors become incomparable",
+    )

@@ -1,0 +1,141 @@
+"""Errors → HTTP: one status table, one JSON body ``{"error": {"type", "message"}}``.
+
+Every failure the service answers goes through :func:`status_for` (exceptions raised by the
+library, and ``EmbeddingResult.error_type`` names, which are those exceptions' class names),
+or is an :class:`APIError` that carries its own status.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from themis_clip import errors as library_errors
+from themis_clip.batching import QueueFullError
+from themis_clip.errors import (
+    ConfigError,
+    ImageTooLargeError,
+    IndexModelMismatchError,
+    InputError,
+    ModelError,
+    NotReadyError,
+    SearchIndexError,
+    ThemisClipError,
+)
+from themis_clip.server.metrics import Metrics
+
+__all__ = ["APIError", "error_response", "install_error_handlers", "status_for", "status_for_name"]
+
+
+class APIError(Exception):
+    """An error answered as is: status, type name, message, optional headers."""
+
+    def __init__(
+        self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.error_type, self.message, self.headers = (
+            status,
+            error_type,
+            message,
+            headers,
+        )
+
+
+# The one table: most specific first. A ConfigError reaching a client is about what the
+# client asked for (a model without a text tower, an option the model cannot honour): 422.
+STATUS: list[tuple[type[BaseException], int]] = [
+    (ImageTooLargeError, 413),
+    (InputError, 422),
+    (QueueFullError, 429),
+    (NotReadyError, 503),
+    (IndexModelMismatchError, 409),
+    (SearchIndexError, 503),
+    (ConfigError, 422),
+    (ModelError, 422),
+    (TimeoutError, 504),
+    (ThemisClipError, 500),
+]
+
+
+def status_for(exc: BaseException) -> int:
+    return next((code for cls, code in STATUS if isinstance(exc, cls)), 500)
+
+
+def _classes() -> dict[str, type[BaseException]]:
+    found: dict[str, type[BaseException]] = {"QueueFullError": QueueFullError}
+    for name in library_errors.__all__:
+        found[name] = getattr(library_errors, name)
+    return found
+
+
+_BY_NAME = _classes()
+
+
+def status_for_name(error_type: str | None) -> int:
+    """The status of an ``EmbeddingResult.error_type`` (a library exception's class name)."""
+    cls = _BY_NAME.get(error_type or "")
+    return next((code for c, code in STATUS if cls is not None and issubclass(cls, c)), 500)
+
+
+def error_response(
+    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"type": error_type, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def validation_message(errors: list[Any]) -> tuple[int, str, str]:
+    """Status, type and message for pydantic's error list (the first error, by location)."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        detail = str(first.get("ctx", {}).get("error", ""))
+        return 400, "BadJSON", f"request body is not valid JSON: {detail}".rstrip(": ")
+    where = ".".join(str(x) for x in first.get("loc", ()))
+    message = f"{where}: {first.get('msg', 'invalid request')}" if where else "invalid request body"
+    return 422, "ValidationError", message
+
+
+def route_of(request: Request) -> str:
+    return str(getattr(request.scope.get("route"), "path", "unmatched"))
+
+
+def install_error_handlers(app: FastAPI, metrics: Metrics, request_timeout_s: float) -> None:
+    """Translate every error once, here, into the documented JSON body and status."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        metrics.errors.labels(route_of(request), exc.error_type).inc()
+        return error_response(exc.status, exc.error_type, exc.message, exc.headers)
+
+    @app.exception_handler(ThemisClipError)
+    async def themis_error(request: Request, exc: ThemisClipError) -> JSONResponse:
+        headers = (
+            {"Retry-After": str(math.ceil(exc.retry_after_s))}
+            if isinstance(exc, QueueFullError)
+            else None
+        )
+        metrics.errors.labels(route_of(request), type(exc).__name__).inc()
+        return error_response(status_for(exc), type(exc).__name__, str(exc), headers)
+
+    @app.exception_handler(TimeoutError)
+    async def timeout_error(request: Request, exc: TimeoutError) -> JSONResponse:
+        metrics.errors.labels(route_of(request), "Timeout").inc()
+        return error_response(504, "Timeout", f"request took longer than {request_timeout_s} s")
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, kind, message = validation_message(list(exc.errors()))
+        metrics.errors.labels(route_of(request), kind).inc()
+        return error_response(status, kind, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+        return error_response(exc.status_code, kind, str(exc.detail))

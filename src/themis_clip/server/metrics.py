@@ -1,0 +1,46 @@
+"""Prometheus metrics of one app (its own registry, so several apps can live in one process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter("themis_requests", "HTTP requests", ["route", "status"], registry=r)
+        self.errors = Counter(
+            "themis_request_errors", "HTTP requests that failed", ["route", "type"], registry=r
+        )
+        self.latency = Histogram(
+            "themis_request_seconds",
+            "request latency",
+            ["route"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.batch_sizes = Histogram(
+            "themis_batch_size",
+            "items per model batch",
+            ["modality"],
+            registry=r,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+        )
+        self.queue_depth = Gauge(
+            "themis_queue_depth", "items waiting for a batch", ["modality"], registry=r
+        )
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def track_queue(self, modality: str, depth: Callable[[], int]) -> None:
+        self.queue_depth.labels(modality).set_function(depth)

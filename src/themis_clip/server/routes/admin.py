@@ -1,0 +1,110 @@
+"""``/admin/*``: authenticated before anything else, the body included.
+
+The router's dependency checks the bearer token before FastAPI reads a byte of the body (the
+routes declare no body parameter and parse it themselves), so an unauthenticated caller learns
+nothing about the schema: 401/403 whatever it sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import ValidationError
+
+from themis_clip.engine import ModelIdentity
+from themis_clip.errors import IndexModelMismatchError
+from themis_clip.server.errors import APIError, validation_message
+from themis_clip.server.schemas import ReloadRequest
+from themis_clip.server.state import AppState, StateDep, get_state
+
+
+def require_admin(request: Request, state: AppState = Depends(get_state)) -> None:  # noqa: B008
+    token = state.settings.admin_token
+    if not token:
+        raise APIError(403, "Forbidden", "admin endpoints are disabled (no admin token configured)")
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        raise APIError(
+            401,
+            "Unauthorized",
+            "admin endpoints need 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(given.encode(), token.encode()):  # constant time
+        raise APIError(403, "Forbidden", "wrong admin token")
+
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+
+
+async def _body(request: Request) -> ReloadRequest:
+    try:
+        return ReloadRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        status, kind, message = validation_message(list(exc.errors()))
+        raise APIError(status, kind, message) from None
+
+
+@router.post("/reload")
+async def reload(request: Request, state: StateDep) -> dict[str, Any]:
+    body = await _body(request)
+    settings = state.settings
+    if not settings.model_root:
+        raise APIError(
+            403, "Forbidden", "model reload is disabled (start the server with --model-root)"
+        )
+    target = _inside_root(settings.model_root, body.path)
+    base = settings.plugin_config
+    model_changes: dict[str, Any] = {
+        "path": str(target),
+        "variant": body.variant,
+        "expected_sha256": body.expected_sha256,
+        "name": None,
+        "embedding_dim": None,
+    }
+    if body.enable_mmap_loading is not None:
+        model_changes["enable_mmap_loading"] = body.enable_mmap_loading
+    new_config = replace(base, model=replace(base.model, **model_changes))
+    refused: list[str] = []
+
+    def protect_index(old: ModelIdentity, new: ModelIdentity) -> None:
+        """The attached index's vectors must stay comparable unless the caller accepts it."""
+        stamp = state.index.stamp if state.index is not None else None
+        if stamp is None or body.allow_embedding_space_change:
+            return
+        if (stamp.sha256, stamp.dim) != (new.sha256, new.embedding_dim):
+            refused.append(
+                f"the index holds vectors of {stamp.model_id} (dim {stamp.dim}); {new.model_id} "
+                f"(dim {new.embedding_dim}) would make them incomparable. Re-index with the new "
+                "model (a new --index, or 'themis-clip index --rebuild'), or send "
+                "allow_embedding_space_change: true to swap anyway"
+            )
+            raise IndexModelMismatchError(refused[-1])
+
+    ok = await asyncio.to_thread(state.plugin.reload_model, new_config, space_guard=protect_index)
+    if refused:
+        raise APIError(409, "IndexModelMismatchError", refused[-1])
+    if not ok:
+        raise APIError(422, "ReloadFailed", state.plugin.last_error or "reload failed")
+    report = state.plugin.last_reload
+    return {
+        "reloaded": True,
+        "model_id": state.model_id(),
+        "generation": state.plugin.get_statistics()["generation"],
+        "space_changed": bool(report and report.space_changed),
+    }
+
+
+def _inside_root(root: str, requested: str) -> Path:
+    """Resolve ``requested`` against ``root`` (symlinks followed); refuse anything outside it."""
+    base = Path(root).resolve()
+    target = (base / requested).resolve()
+    if target != base and base not in target.parents:
+        raise APIError(403, "Forbidden", f"model path {requested!r} is outside the model root")
+    return target

@@ -1,0 +1,53 @@
+"""Health, readiness, statistics, Prometheus metrics and the search page."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from themis_clip.server.page import PAGE
+from themis_clip.server.state import StateDep
+
+router = APIRouter()
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+async def page() -> str:
+    return PAGE
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(state: StateDep) -> JSONResponse:
+    ready = state.ready and state.plugin.is_ready()
+    return JSONResponse(
+        {"ready": ready, "model_id": state.model_id()}, status_code=200 if ready else 503
+    )
+
+
+@router.get("/stats")
+async def stats(state: StateDep) -> dict[str, Any]:
+    out = state.plugin.get_statistics()
+    out["server"] = {
+        "ready": state.ready,
+        "uptime_s": time.monotonic() - state.started,
+        "image_queue_depth": state.image_batcher.depth if state.image_batcher else 0,
+        "text_queue_depth": state.text_batcher.depth if state.text_batcher else 0,
+        "image_batches": state.image_batcher.stats.batches if state.image_batcher else 0,
+        "index_items": state.index.store.count() if state.index else None,
+    }
+    return out
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(state: StateDep) -> Response:
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,126 @@
+"""The index: add items, search by text, image or vector, item thumbnails."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from themis_clip.errors import InputError
+from themis_clip.index.store import ItemRow
+from themis_clip.preprocess.image import make_thumbnail
+from themis_clip.server.errors import APIError
+from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
+from themis_clip.server.state import StateDep
+
+router = APIRouter()
+
+
+@router.post("/index/items")
+async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any]:
+    idx = state.require_index()
+    data = [decode_image_field(item.image) for item in body.items]
+    results = await state.embed_all(data, state.embed_image)
+    for item, r in zip(body.items, results, strict=True):
+        raise_for(r, f"item {item.id!r}")
+    thumbs = await asyncio.to_thread(lambda: [make_thumbnail(d) for d in data])
+    rows = [
+        ItemRow(key=item.id, vector=r.embedding, metadata=item.metadata, thumbnail=t)  # type: ignore[arg-type]
+        for item, r, t in zip(body.items, results, thumbs, strict=True)
+    ]
+    current = state.stamp()
+    if results[0].model_id != current.model_id:  # swapped between embedding and now
+        raise APIError(
+            503,
+            "ModelChanged",
+            "the model was swapped during this request; retry",
+            headers={"Retry-After": "1"},
+        )
+
+    def write() -> None:
+        with state.index_lock:
+            idx.bind_model(current)
+            idx.store.upsert(rows, dim=current.dim)
+
+    await asyncio.to_thread(write)
+    return {"added": len(rows), "ids": [r.key for r in rows], "model_id": current.model_id}
+
+
+@router.post("/search")
+async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
+    idx = state.require_index()
+    given = [x is not None for x in (body.text, body.image, body.vector)]
+    if sum(given) != 1:
+        raise APIError(422, "ValidationError", "give exactly one of 'text', 'image' or 'vector'")
+    if body.vector is not None:
+        query = np.asarray(body.vector, dtype=np.float32)
+        norm = float(np.linalg.norm(query))
+        if not np.isfinite(norm) or norm == 0:
+            raise APIError(422, "ValidationError", "vector must be finite and non-zero")
+        query /= norm
+        current = state.stamp()
+    else:
+        for _ in range(3):  # the query and the index check must see the same model
+            result = await (
+                state.embed_text(body.text)
+                if body.text is not None
+                else state.embed_image(decode_image_field(body.image or ""))
+            )
+            raise_for(result, "query")
+            current = state.stamp()
+            if result.model_id == current.model_id:
+                break
+        assert result.embedding is not None
+        query = result.embedding
+
+    def run() -> tuple[list[Any], str]:
+        with state.index_lock:
+            if idx.stamp is not None:
+                idx.bind_model(current)  # 409 when the index was built by another model
+            return idx.search(query, body.k, body.filters), idx.mode
+
+    hits, mode = await asyncio.to_thread(run)
+    return {
+        "results": [
+            {
+                "id": h.key,
+                "score": h.score,
+                "path": h.path,
+                "metadata": h.metadata,
+                "thumbnail": f"/items/{quote(h.key, safe='')}/thumbnail",
+            }
+            for h in hits
+        ],
+        "model_id": current.model_id,
+        "mode": mode,
+    }
+
+
+@router.get("/items/{key:path}/thumbnail")
+async def thumbnail(key: str, state: StateDep) -> Response:
+    idx = state.require_index()
+
+    def load() -> bytes | None:
+        with state.index_lock:
+            item = idx.store.get(key)
+            stored = idx.store.thumbnail(key) if item else None
+        if item is None:
+            return None
+        if stored is not None:
+            return stored
+        # Only files the index itself recorded are ever read: never a path from the request.
+        return make_thumbnail(Path(item.path)) if item.path else None
+
+    try:
+        data = await asyncio.to_thread(load)
+    except InputError as exc:
+        raise APIError(404, "NotFound", f"no preview for {key!r}: {exc}") from exc
+    if data is None:
+        raise APIError(404, "NotFound", f"no item {key!r}")
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})

@@ -1,0 +1,93 @@
+"""The state one app shares with its routers, handed to them with FastAPI ``Depends``.
+
+:class:`AppState` owns the plugin, the batchers and the optional index; its methods are the
+use cases routes share (embed through the batchers, all items by one model; the model's index
+stamp). Routes get it through :data:`StateDep` and never reach for globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from themis_clip.batching import MicroBatcher
+from themis_clip.errors import NotReadyError
+from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.interface import EmbeddingResult
+from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.server.errors import APIError
+from themis_clip.server.metrics import Metrics
+from themis_clip.server.settings import ServerSettings
+
+__all__ = ["AppState", "StateDep", "get_state"]
+
+
+@dataclass
+class AppState:
+    settings: ServerSettings
+    plugin: OnnxClipPlugin
+    metrics: Metrics
+    ready: bool = False
+    index: VectorIndex | None = None
+    index_lock: threading.Lock = field(default_factory=threading.Lock)
+    image_batcher: MicroBatcher[bytes, EmbeddingResult] | None = None
+    text_batcher: MicroBatcher[str, EmbeddingResult] | None = None
+    started: float = field(default_factory=time.monotonic)
+    loaded_at: float = field(default_factory=time.time)
+
+    def require_ready(self) -> OnnxClipPlugin:
+        if not self.plugin.is_ready():
+            raise NotReadyError("the model is not loaded")
+        return self.plugin
+
+    async def embed_image(self, data: bytes) -> EmbeddingResult:
+        self.require_ready()
+        assert self.image_batcher is not None
+        return await self.image_batcher.submit(data, timeout_s=self.settings.request_timeout_s)
+
+    async def embed_text(self, text: str) -> EmbeddingResult:
+        self.require_ready()
+        assert self.text_batcher is not None
+        return await self.text_batcher.submit(text, timeout_s=self.settings.request_timeout_s)
+
+    async def embed_all(
+        self, items: list[Any], one: Callable[[Any], Awaitable[EmbeddingResult]]
+    ) -> list[EmbeddingResult]:
+        """Embed a request's items, all by one model (re-run when a hot swap split them)."""
+        results: list[EmbeddingResult] = []
+        for _ in range(3):
+            results = list(await asyncio.gather(*(one(x) for x in items)))
+            if len({r.model_id for r in results if r.ok}) <= 1:
+                break
+        return results
+
+    def model_id(self) -> str | None:
+        identity = self.plugin.model_identity
+        return identity.model_id if identity else None
+
+    def require_index(self) -> VectorIndex:
+        if self.index is None:
+            raise APIError(404, "NoIndex", "this server has no index (start it with --index PATH)")
+        return self.index
+
+    def stamp(self) -> ModelStamp:
+        identity = self.plugin.model_identity
+        if identity is None:
+            raise NotReadyError("the model is not loaded")
+        return ModelStamp(
+            model_id=identity.model_id, sha256=identity.sha256, dim=identity.embedding_dim
+        )
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.themis
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
