@@ -5,6 +5,7 @@
     ThemisClipError
     ├── ConfigError                 a config key has a wrong type or value (names the key)
     ├── PluginNotFoundError         no image-analysis plugin registered under that name
+    │   └── PluginAPIVersionError   the plugin implements another major plugin-API version
     ├── NotReadyError               the plugin is not initialised (or was shut down)
     ├── BackendUnavailableError     the requested execution provider cannot be used here
     ├── ModelError                  a model could not be loaded or does not behave
@@ -41,6 +42,7 @@ __all__ = [
     "ModelMismatchError",
     "ModelNotFoundError",
     "NotReadyError",
+    "PluginAPIVersionError",
     "PluginNotFoundError",
     "SearchIndexError",
     "TextInputError",
@@ -66,6 +68,10 @@ class ConfigError(ThemisClipError):
 
 class PluginNotFoundError(ThemisClipError):
     """No plugin is registered under the requested name."""
+
+
+class PluginAPIVersionError(PluginNotFoundError):
+    """The plugin was written against another major version of the plugin API."""
 
 
 class NotReadyError(ThemisClipError):

@@ -52,6 +52,9 @@ from themis_clip.interface import (
     EmbeddingResult,
     ImageAnalysisBackend,
     ImageData,
+    ImageFormat,
+    ImageMetadata,
+    PluginCapabilities,
     PluginInfo,
 )
 from themis_clip.models.hashing import HashFunction, sha256_file
@@ -61,6 +64,15 @@ from themis_clip.stats import Statistics
 __all__ = ["OnnxClipPlugin", "PluginState", "ReloadReport"]
 
 log = logging.getLogger(__name__)
+
+_PILLOW_FORMAT = {
+    ImageFormat.JPEG: "JPEG",
+    ImageFormat.PNG: "PNG",
+    ImageFormat.BMP: "BMP",
+    ImageFormat.TIFF: "TIFF",
+    ImageFormat.WEBP: "WEBP",
+    ImageFormat.GIF: "GIF",
+}
 
 
 class PluginState(enum.StrEnum):
@@ -148,12 +160,35 @@ class OnnxClipPlugin(ImageAnalysisBackend):
     # -- the seed's interface ------------------------------------------------------------------
 
     def get_info(self) -> PluginInfo:
-        return PluginInfo(
-            name=self.NAME,
-            version=__version__,
-            description="OpenAI CLIP models exported to ONNX, on ONNX Runtime: L2-normalised "
-            "image and text embeddings for multi-modal vector search",
-            capabilities=(
+        """ThemisDB's ``PluginInfo``, filled from the loaded model and this runtime.
+
+        ``min_memory_mb`` / ``recommended_memory_mb`` are estimates from the loaded model:
+        its files (the weights ONNX Runtime holds) plus 100 MB of runtime, and twice the files
+        plus the decode buffers of ``prefetch_batches + 1`` batches plus 300 MB; before
+        ``initialize`` they keep the header's defaults (2048 / 8192).
+        """
+        from themis_clip.preprocess.image import readable_formats
+        from themis_clip.runtime import available_providers, supported_backends
+
+        model = self._model
+        available = self._available if self._available is not None else available_providers()
+        min_mb, recommended_mb = 2048, 8192  # the header's defaults: nothing loaded yet
+        if model is not None:
+            files_mb = sum(p.stat().st_size for p in model.spec.model_files() if p.is_file())
+            files_mb //= 2**20
+            size = model.preprocessor.spec.image_size
+            config = model.config
+            buffers_mb = (
+                (config.prefetch_batches + 1) * config.max_batch_size * 3 * size * size * 4
+            ) // 2**20
+            min_mb, recommended_mb = files_mb + 100, 2 * files_mb + buffers_mb + 300
+        capabilities = PluginCapabilities(
+            supports_embedding=True,
+            supports_batch_processing=True,
+            supports_streaming=False,
+            thread_safe=True,
+            supported_backends=tuple(supported_backends(available)),
+            features=(
                 "image_embedding",
                 "text_embedding",
                 "batch_embedding",
@@ -161,6 +196,20 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                 "health_check",
                 "warmup",
             ),
+            min_memory_mb=min_mb,
+            recommended_memory_mb=recommended_mb,
+        )
+        return PluginInfo(
+            name=self.NAME,
+            version=__version__,
+            description="OpenAI CLIP models exported to ONNX, on ONNX Runtime: L2-normalised "
+            "image and text embeddings for multi-modal vector search",
+            author="themis-clip developers",
+            license="MIT",
+            model_name=model.identity.name if model else "",
+            model_version=model.identity.sha256[:12] if model else "",
+            supported_formats=readable_formats(),
+            capabilities=capabilities,
         )
 
     def initialize(self, config: PluginConfig, backend: BackendType = BackendType.AUTO) -> bool:
@@ -241,19 +290,28 @@ class OnnxClipPlugin(ImageAnalysisBackend):
     # -- embeddings ----------------------------------------------------------------------------
 
     def generate_embedding(
-        self, image_data: ImageData, metadata: Mapping[str, Any] | None = None
+        self, image_data: ImageData, metadata: ImageMetadata | Mapping[str, Any] | None = None
     ) -> EmbeddingResult:
-        """Embed one image. Never raises: failures come back as ``ok=False`` with a message."""
+        """Embed one image. Never raises: failures come back as ``ok=False`` with a message.
+
+        ``metadata`` is passed through to the result. An :class:`ImageMetadata` is also used:
+        its ``format`` as a decoding hint, its EXIF orientation for images without their own
+        (see :class:`~themis_clip.interface.ImageMetadata` for what is only carried).
+        """
         t0 = time.perf_counter()
+        hints: dict[str, Any] = {}
+        if isinstance(metadata, ImageMetadata):
+            hints = {"format_hint": _PILLOW_FORMAT.get(metadata.format)}
+            hints["orientation"] = metadata.orientation
         try:
             with self._hold() as model:
-                pixels = model.preprocessor(image_data)[None]
+                pixels = model.preprocessor(image_data, **hints)[None]
                 embeddings, valid = model.embed_pixels(pixels)
                 self._stats.record_batch(1)
                 model_id = model.identity.model_id
             if not valid[0]:
                 raise InferenceError("the model produced a non-finite or zero embedding")
-            result = EmbeddingResult.success(
+            result = EmbeddingResult.succeeded(
                 embeddings[0], latency_ms=_ms(t0), model_id=model_id, metadata=metadata
             )
         except Exception as exc:
@@ -644,7 +702,7 @@ def _result(
             InferenceError("the model produced a non-finite or zero embedding"),
             latency_ms=latency_ms,
         )
-    return EmbeddingResult.success(
+    return EmbeddingResult.succeeded(
         embedding,
         latency_ms=latency_ms,
         model_id=model.identity.model_id,

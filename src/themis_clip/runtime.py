@@ -43,6 +43,7 @@ __all__ = [
     "available_providers",
     "create_session",
     "plan_providers",
+    "supported_backends",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,23 @@ PROVIDER_NAMES: Mapping[BackendType, str] = {
     BackendType.ROCM: "ROCMExecutionProvider",
     BackendType.OPENVINO: "OpenVINOExecutionProvider",
     BackendType.COREML: "CoreMLExecutionProvider",
+    BackendType.METAL: "CoreMLExecutionProvider",
 }
-_BACKEND_OF_PROVIDER = {v: k for k, v in PROVIDER_NAMES.items()}
+#: Providers that serve a backend, preferred first: AMD's MIGraphX replaced the ROCm provider
+#: in recent ONNX Runtime releases; Metal is reached through CoreML.
+PROVIDER_CANDIDATES: Mapping[BackendType, tuple[str, ...]] = {
+    **{b: (name,) for b, name in PROVIDER_NAMES.items()},
+    BackendType.ROCM: ("MIGraphXExecutionProvider", "ROCMExecutionProvider"),
+}
+#: Backends of ThemisDB's interface that ONNX Runtime has no provider for.
+NO_PROVIDER: Mapping[BackendType, str] = {
+    BackendType.OPENCL: "ONNX Runtime has no OpenCL execution provider",
+    BackendType.VULKAN: "ONNX Runtime has no Vulkan execution provider",
+}
+_BACKEND_OF_PROVIDER = {
+    **{v: k for k, v in PROVIDER_NAMES.items() if k is not BackendType.METAL},
+    "MIGraphXExecutionProvider": BackendType.ROCM,
+}
 _AUTO_ORDER = (BackendType.CUDA, BackendType.TENSORRT, BackendType.DIRECTML)
 
 _ORT_DTYPES: Mapping[str, np.dtype[Any]] = {
@@ -143,22 +159,46 @@ def plan_providers(
         return [*plans, cpu]
     if requested is BackendType.CPU:
         return [cpu]
+    if requested in NO_PROVIDER:
+        raise BackendUnavailableError(
+            f"backend {requested.value!r} cannot be used: {NO_PROVIDER[requested]}; choose "
+            "cpu, cuda, tensorrt, directml, openvino, rocm, metal/coreml or auto"
+        )
     if requested is BackendType.DIRECTML and not platform.startswith("win"):
         # The seed: "on Linux BackendType::DirectML falls back to CPU". get_backend() says CPU.
         note = f"DirectML exists only on Windows; {platform} uses the CPU backend instead"
         return [ProviderPlan(backend=BackendType.CPU, providers=cpu.providers, note=note)]
-    name = PROVIDER_NAMES[requested]
-    if name not in available:
+    candidates = PROVIDER_CANDIDATES[requested]
+    name = next((c for c in candidates if c in available), None)
+    if name is None:
         raise BackendUnavailableError(
-            f"backend {requested.value!r} needs {name}, which this onnxruntime build does not "
-            f"offer (available: {', '.join(available) or 'none'}); install the matching "
-            "onnxruntime package or choose another backend"
+            f"backend {requested.value!r} needs {' or '.join(candidates)}, which this "
+            f"onnxruntime build does not offer (available: {', '.join(available) or 'none'}); "
+            "install the matching onnxruntime package or choose another backend"
         )
-    return [_plan(requested, settings)]
+    return [_plan(requested, settings, provider=name)]
 
 
-def _plan(backend: BackendType, settings: SessionSettings) -> ProviderPlan:
+def supported_backends(
+    available: Sequence[str], *, platform: str = sys.platform
+) -> list[BackendType]:
+    """The backends whose provider this onnxruntime build offers here (CPU always)."""
+    out = [BackendType.CPU]
+    for backend, candidates in PROVIDER_CANDIDATES.items():
+        if backend is BackendType.CPU or (
+            backend is BackendType.DIRECTML and not platform.startswith("win")
+        ):
+            continue
+        if any(c in available for c in candidates):
+            out.append(backend)
+    return out
+
+
+def _plan(
+    backend: BackendType, settings: SessionSettings, *, provider: str | None = None
+) -> ProviderPlan:
     device = {"device_id": str(settings.device_id)}
+    own = provider or PROVIDER_NAMES[backend]
     cpu: tuple[str, Mapping[str, str]] = (PROVIDER_NAMES[BackendType.CPU], {})
     if backend is BackendType.TENSORRT:
         trt: dict[str, str] = {**device, "trt_fp16_enable": str(settings.tensorrt_fp16)}
@@ -174,9 +214,9 @@ def _plan(backend: BackendType, settings: SessionSettings) -> ProviderPlan:
             cpu,
         )
     elif backend in (BackendType.CUDA, BackendType.DIRECTML, BackendType.ROCM):
-        providers = ((PROVIDER_NAMES[backend], device), cpu)
+        providers = ((own, device), cpu)
     else:
-        providers = ((PROVIDER_NAMES[backend], {}), cpu)
+        providers = ((own, {}), cpu)
     return ProviderPlan(backend=backend, providers=providers)
 
 
@@ -325,7 +365,11 @@ def create_session(
     )
     return ORTSession(
         session=session,
-        backend=_BACKEND_OF_PROVIDER.get(used[0], plan.backend),
+        backend=(
+            plan.backend
+            if used[0] == plan.providers[0][0]
+            else _BACKEND_OF_PROVIDER.get(used[0], plan.backend)
+        ),
         path=path,
         loading_mode=loading_mode,
         name=name or path.name,

@@ -42,7 +42,13 @@ from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError
 from themis_clip.interface import ImageData
 from themis_clip.models.spec import ImageSpec
 
-__all__ = ["ImagePreprocessor", "decode_image", "make_thumbnail", "preprocess_image"]
+__all__ = [
+    "ImagePreprocessor",
+    "decode_image",
+    "make_thumbnail",
+    "preprocess_image",
+    "readable_formats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +71,16 @@ def decode_image(
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     apply_exif: bool = True,
     draft_min_side: int | None = None,
+    format_hint: str | None = None,
+    orientation: int | None = None,
 ) -> Image.Image:
     """Open ``data`` as a Pillow image (first frame), oriented and in an 8-bit mode.
 
     With ``draft_min_side``, JPEGs are decoded at the smallest DCT scale (1/2, 1/4, 1/8) whose
     shorter side is still at least that many pixels: 3x faster on 12-megapixel photos.
+    ``format_hint`` (a Pillow format name, e.g. ``"PNG"``) is tried first, and only a hint:
+    data of another format still decodes. ``orientation`` (EXIF 1-8, declared by the caller)
+    applies when ``apply_exif`` is on and the image carries no orientation of its own.
 
     Raises:
         ImageDecodeError: not an image, truncated or corrupt data, missing file.
@@ -84,14 +95,14 @@ def decode_image(
         if len(data) == 0:
             raise ImageDecodeError("empty image data (0 bytes)")
         img = _checked_load(
-            _open(io.BytesIO(data), "image bytes"), max_image_pixels, draft_min_side
+            _open(io.BytesIO(data), "image bytes", format_hint), max_image_pixels, draft_min_side
         )
     elif isinstance(data, str | os.PathLike):
         path = os.fspath(data)
         try:
             # The file is closed as soon as frame 0 is decoded: no descriptor outlives the call.
             with open(path, "rb") as fh:
-                img = _checked_load(_open(fh, path), max_image_pixels, draft_min_side)
+                img = _checked_load(_open(fh, path, format_hint), max_image_pixels, draft_min_side)
         except FileNotFoundError:
             raise ImageDecodeError(f"image file not found: {path}") from None
         except IsADirectoryError:
@@ -105,7 +116,11 @@ def decode_image(
         )
     if apply_exif:
         try:
-            img = ImageOps.exif_transpose(img)
+            own = img.getexif().get(_ORIENTATION)
+            if own is None and orientation in _TRANSPOSE:
+                img = img.transpose(_TRANSPOSE[orientation])
+            else:
+                img = ImageOps.exif_transpose(img)
         except Exception as exc:  # malformed EXIF must never fail an embedding
             log.debug("ignoring unreadable EXIF orientation: %s", exc)
     if img.mode in _HIGH_DEPTH_MODES:
@@ -138,7 +153,33 @@ def _checked_load(
     return img
 
 
-def _open(fp: Any, what: str) -> Image.Image:
+_ORIENTATION = 0x0112
+# EXIF orientation → the transpose that rights it (as ``ImageOps.exif_transpose``).
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def readable_formats() -> tuple[str, ...]:
+    """Pillow format names this process can decode (``PluginInfo.supported_formats``)."""
+    Image.init()
+    return tuple(sorted(Image.OPEN))
+
+
+def _open(fp: Any, what: str, format_hint: str | None = None) -> Image.Image:
+    if format_hint:
+        Image.init()
+        if format_hint.upper() in Image.OPEN:
+            try:
+                return Image.open(fp, formats=[format_hint.upper()])
+            except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+                fp.seek(0)  # only a hint: the data decides
     try:
         return Image.open(fp)
     except UnidentifiedImageError:
@@ -489,9 +530,17 @@ class ImagePreprocessor:
         return (3, self.spec.image_size, self.spec.image_size)
 
     def __call__(
-        self, data: ImageData, out: npt.NDArray[np.float32] | None = None
+        self,
+        data: ImageData,
+        out: npt.NDArray[np.float32] | None = None,
+        *,
+        format_hint: str | None = None,
+        orientation: int | None = None,
     ) -> npt.NDArray[np.float32]:
         """Preprocess one image, writing into ``out`` (shape ``(3, S, S)``) when given.
+
+        ``format_hint`` and ``orientation`` come from a caller's ``ImageMetadata``
+        (see :func:`decode_image`).
 
         Returns:
             float32 array of shape ``(3, S, S)``: the exact tensor the image tower receives.
@@ -503,6 +552,8 @@ class ImagePreprocessor:
             apply_exif=self.apply_exif,
             # fast: JPEG DCT scaling down to no less than twice the model input before the resize
             draft_min_side=2 * self.spec.image_size if fast else None,
+            format_hint=format_hint,
+            orientation=orientation,
         )
         rgb = _resize_crop(img, self.spec, FAST_REDUCING_GAP if fast else None)
         if out is None:
