@@ -63,14 +63,6 @@ def make_plugin(model_dir: Path, **config: object) -> OnnxClipPlugin:
     return plugin
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_ready(base: str, proc: subprocess.Popen[Any], timeout_s: float = 60) -> None:
     """Poll ``/readyz`` until the server subprocess is ready (or fail with its stderr)."""
     import httpx

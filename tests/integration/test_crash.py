@@ -19,7 +19,6 @@ from themis_clip.index.store import IndexStore
 
 pytestmark = pytest.mark.slow
 FILES = 240
-TRIALS = 20
 
 
 def committed(db: Path) -> int:
@@ -41,7 +40,8 @@ def vectors(db: Path) -> dict[str, np.ndarray]:
         return {items[int(i)].key: matrix[k] for k, i in enumerate(ids)}
 
 
-def test_kill_9_during_indexing(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("trials", [6, pytest.param(20, marks=pytest.mark.long)])
+def test_kill_9_during_indexing(tmp_path: Path, tiny_model_dir: Path, trials: int) -> None:
     folder = tmp_path / "photos"
     folder.mkdir()
     for i in range(FILES):
@@ -73,7 +73,7 @@ def test_kill_9_during_indexing(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert len(reference) == FILES
     rng = random.Random(7)
     mid_run = 0
-    for trial in range(TRIALS):
+    for trial in range(trials):
         db = tmp_path / f"trial{trial}.db"
         proc = index(db)
         target = rng.randint(1, FILES - 1)  # kill once this many rows are committed
@@ -93,6 +93,6 @@ def test_kill_9_during_indexing(tmp_path: Path, tiny_model_dir: Path) -> None:
         assert all(np.array_equal(v, reference[k]) for k, v in vectors(db).items())
         for suffix in ("", "-wal", "-shm"):
             Path(str(db) + suffix).unlink(missing_ok=True)
-    print(f"kill -9 trials: {TRIALS}, landed mid-run: {mid_run}")
-    assert mid_run >= TRIALS * 3 // 4, f"only {mid_run} kills landed mid-run"
+    print(f"kill -9 trials: {trials}, landed mid-run: {mid_run}")
+    assert mid_run >= trials * 3 // 4, f"only {mid_run} kills landed mid-run"
     shutil.rmtree(folder)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cdp import Browser, chromium
-from tests.helpers import free_port, wait_ready
+from tests.helpers import ServerProcess
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,16 +30,10 @@ def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
     subprocess.run(
         [exe, "index", str(tmp_path / "gallery"), "--index", index], check=True, capture_output=True
     )
-    port = free_port()
-    server = subprocess.Popen(
-        [exe, "serve", "--port", str(port), "--index", index],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess(["--index", index])
+    base = server.base
     browser = None
     try:
-        wait_ready(base, server)
         browser = Browser()
         browser.navigate(base + "/")
         browser.type_text("#q", "a red circle")
@@ -62,5 +56,4 @@ def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
     finally:
         if browser is not None:
             browser.close()
-        server.terminate()
-        server.wait(30)
+        server.__exit__()

@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from tests.helpers import free_port, photo_like, wait_ready
+from tests.helpers import ServerProcess, photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.index.store import IndexStore
 from themis_clip.runtime import ORTSession, create_session
@@ -344,15 +341,8 @@ def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Pat
 
 @pytest.mark.slow
 def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: Path) -> None:
-    port = free_port()
-    exe = str(Path(sys.executable).parent / "themis-clip")
-    env = {**os.environ, "THEMIS_ADMIN_TOKEN": TOKEN}
-    proc = subprocess.Popen(
+    server = ServerProcess(
         [
-            exe,
-            "serve",
-            "--port",
-            str(port),
             "--model",
             str(model_root / "a"),
             "--index",
@@ -360,14 +350,10 @@ def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: P
             "--model-root",
             str(model_root),
         ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        env={"THEMIS_ADMIN_TOKEN": TOKEN},
     )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = server.proc, server.base
     try:
-        wait_ready(base, proc)
         assert httpx.post(f"{base}/embed/text", json={"text": "a red circle"}).status_code == 200
         add = httpx.post(
             f"{base}/index/items", json={"items": [{"id": "p", "image": data_url(png(5))}]}
@@ -391,7 +377,10 @@ def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: P
                 pool.submit(httpx.post, f"{base}/embed/image", content=big, timeout=60)
                 for _ in range(16)
             ]
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30  # SIGTERM only once requests are in flight
+            while httpx.get(f"{base}/stats").json()["in_flight"] == 0:
+                assert time.monotonic() < deadline, "no request ever reached the model"
+                time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
             statuses = []
             for f in futures:
@@ -406,22 +395,14 @@ def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: P
             proc.kill()
     with IndexStore(tmp_path / "idx.db", readonly=True) as store:
         assert store.integrity_ok() and store.count() == 1
-    json.dumps(statuses)
 
 
 @pytest.mark.slow
 def test_slow_and_vanishing_clients_do_not_hurt_others(model_root: Path, tmp_path: Path) -> None:
-    port = free_port()
-    exe = str(Path(sys.executable).parent / "themis-clip")
-    proc = subprocess.Popen(
-        [exe, "serve", "--port", str(port), "--model", str(model_root / "a"), "--no-warmup"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess(["--model", str(model_root / "a"), "--no-warmup"])
+    proc, base = server.proc, server.base
+    port = int(base.rsplit(":", 1)[1])
     try:
-        wait_ready(base, proc)
         body = png(3)
         head = (
             f"POST /embed/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import io
-import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import free_port, photo_like, wait_ready
+from tests.helpers import ServerProcess, photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.export.tiny import VisionTowerSpec, build_vision_tower
 
@@ -64,26 +61,11 @@ def test_hundred_reloads_under_http_load(
     refs = {
         mid: (imgs, txts) for mid, imgs, txts in (references(root / "a"), references(root / "b"))
     }
-    port = free_port()
-    exe = str(Path(sys.executable).parent / "themis-clip")
-    proc = subprocess.Popen(
-        [
-            exe,
-            "serve",
-            "--port",
-            str(port),
-            "--model",
-            str(root / "a"),
-            "--model-root",
-            str(root),
-            "--no-warmup",
-        ],
-        env={**os.environ, "THEMIS_ADMIN_TOKEN": TOKEN},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    server = ServerProcess(
+        ["--model", str(root / "a"), "--model-root", str(root), "--no-warmup"],
+        env={"THEMIS_ADMIN_TOKEN": TOKEN},
     )
-    base = f"http://127.0.0.1:{port}"
+    proc, base = server.proc, server.base
     stop = threading.Event()
     failures: list[str] = []
     counts = {"requests": 0}
@@ -118,11 +100,13 @@ def test_hundred_reloads_under_http_load(
                     failures.append(f"{r.status_code} {r.text[:200]}")
 
     try:
-        wait_ready(base, proc)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         with ThreadPoolExecutor(16) as pool:
             workers = [pool.submit(client, k) for k in range(16)]
-            time.sleep(1.0)
+            deadline = time.monotonic() + 60  # the baseline once every client is under way
+            while counts["requests"] < 64:
+                assert time.monotonic() < deadline and not failures, failures[:3]
+                time.sleep(0.01)
             rss_start = rss_mib(proc.pid)
             good = bad = 0
             with httpx.Client(base_url=base, timeout=60, headers=auth) as admin:

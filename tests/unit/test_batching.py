@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -44,26 +45,33 @@ def test_a_lonely_request_waits_at_most_the_delay() -> None:
 
 def test_queue_full() -> None:
     gate = threading.Event()
+    entered = threading.Event()
 
     def slow(items: list[int]) -> list[int]:
+        entered.set()
         gate.wait(5)
         return items
 
+    async def until(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not condition():
+            assert time.monotonic() < deadline, "condition never held"
+            await asyncio.sleep(0.001)
+
     async def main() -> None:
         b = MicroBatcher(
-            slow, max_batch_size=1, max_queue_delay_ms=0, max_queue=2, max_concurrent_batches=1
+            slow, max_batch_size=1, max_queue_delay_ms=0, max_queue=3, max_concurrent_batches=1
         )
         first = asyncio.create_task(b.submit(0))
-        await asyncio.sleep(0.05)  # running, holding the only slot
+        assert await asyncio.to_thread(entered.wait, 5)  # running, holding the only slot
         waiting = [asyncio.create_task(b.submit(i)) for i in (1, 2)]
-        await asyncio.sleep(0.05)
+        timed = asyncio.create_task(b.submit(3, timeout_s=0.2))
+        await until(lambda: b.depth == 3)
         with pytest.raises(QueueFullError) as info:
-            await b.submit(3)
+            await b.submit(4)
         assert info.value.retry_after_s >= 1
-        with pytest.raises(TimeoutError):
-            await b.submit(4, timeout_s=0.05) if b.depth < 2 else await asyncio.wait_for(
-                asyncio.sleep(1), 0.05
-            )
+        with pytest.raises(TimeoutError):  # the batcher's own timeout, while the gate is shut
+            await timed
         gate.set()
         assert await first == 0 and [await w for w in waiting] == [1, 2]
         await b.close()
@@ -100,7 +108,10 @@ def test_batch_failure_reaches_every_caller_and_close_drains() -> None:
         assert all(isinstance(r, RuntimeError) for r in results)
         ok = MicroBatcher(lambda xs: xs, max_batch_size=4, max_queue_delay_ms=200)
         pending = [asyncio.create_task(ok.submit(i)) for i in range(3)]
-        await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while ok.depth < 3:  # all three queued (the batch waits up to 200 ms to fill)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
         await ok.close()  # finishes what was queued
         assert [p.result() for p in pending] == [0, 1, 2]
         with pytest.raises(QueueFullError, match="shutting down"):

@@ -7,6 +7,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -342,15 +343,31 @@ def test_hs11_concurrent_reloads_are_serialised_and_shutdown_is_safe(
             )
         )
     assert results == [True] * 4 and swap_plugin.get_statistics()["generation"] == 5
+    # shutdown() during a reload waits for it: hold the reload inside its hashing step, start
+    # shutdown, and see shutdown finish only after the reload has (successfully) finished.
+    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def held_hash(path: Path) -> str:
+        if armed.is_set():
+            entered.set()
+            assert release.wait(20)
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    p = OnnxClipPlugin(hash_fn=held_hash)
+    assert p.initialize(config(tiny_model_dir))
+    armed.set()
     with ThreadPoolExecutor(2) as pool:
-        reload = pool.submit(
-            swap_plugin.reload_model, config(tiny_model_dir_b, allow_embedding_space_change=True)
-        )
-        time.sleep(0.01)
-        pool.submit(swap_plugin.shutdown).result(10)
-        reload.result(10)
-    assert not swap_plugin.is_ready()
-    assert swap_plugin.reload_model(config(tiny_model_dir)) is False
+        reload = pool.submit(p.reload_model, config(tiny_model_dir_b))
+        assert entered.wait(20)
+        stop = pool.submit(p.shutdown)
+        with pytest.raises(FutureTimeout):
+            stop.result(0.3)  # blocked behind the reload
+        assert not reload.done()
+        release.set()
+        assert reload.result(20) is True
+        stop.result(20)
+    assert not p.is_ready()
+    assert p.reload_model(config(tiny_model_dir)) is False
 
 
 def corrupt(tmp: Path, src: Path) -> Path:
