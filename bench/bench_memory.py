@@ -41,7 +41,7 @@ else:
     config = PluginConfig.from_dict({'model': {'path': path, 'enable_mmap_loading': mode == 'mmap'}})
     assert plugin.initialize(config), plugin.last_error
     assert plugin.get_statistics()['loading_mode'] == mode, plugin.get_statistics()['loading_note']
-    run = lambda x: plugin._model.visual.run(x)
+    run = plugin.embed_pixels
 peak_load = status('VmHWM:')
 run(np.zeros((1, 3, 224, 224), np.float32))
 print(json.dumps({'before': before, 'peak_load': peak_load, 'rss': status('VmRSS:')}), flush=True)
@@ -95,7 +95,7 @@ from themis_clip import OnnxClipPlugin, PluginConfig
 plugin = OnnxClipPlugin()
 assert plugin.initialize(PluginConfig.from_dict({'model': {'path': sys.argv[2], 'enable_mmap_loading': sys.argv[1] == 'mmap'}}))
 x = np.random.default_rng(0).random((8, 3, 224, 224), dtype=np.float32)
-run = plugin._model.visual.run
+run = plugin.embed_pixels
 run(x)
 t = time.perf_counter()
 for _ in range(4):

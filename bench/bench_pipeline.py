@@ -58,7 +58,7 @@ elif engine == "latency":
     p = OnnxClipPlugin()
     assert p.initialize(PluginConfig.from_dict({"model": {"path": model}}))
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
-    run = p._model.visual.run
+    run = p.embed_pixels
     one, model_only = [], []
     for f in files[:3]: p.generate_embedding(f); run(x)
     for f in files[:40]:
@@ -104,7 +104,7 @@ elif engine.startswith("model-only"):
     variant = "int8" if "int8" in engine else None
     assert p.initialize(PluginConfig.from_dict({"model": {"path": model, "variant": variant}, "max_batch_size": b}))
     x = np.random.default_rng(0).standard_normal((b, 3, 224, 224), dtype=np.float32)
-    run = p._model.visual.run
+    run = p.embed_pixels
     run(x)
     t = time.perf_counter(); k = max(1, 128 // b)
     for _ in range(k): run(x)

@@ -45,18 +45,17 @@ t = time.perf_counter()
 variant = cfg.pop("variant", None)
 assert p.initialize(PluginConfig.from_dict({"model": {"path": model, "variant": variant}, "max_batch_size": 32, **cfg}))
 out = {"init_s": time.perf_counter() - t, "cache": p.get_statistics()["optimized_model_cache"]}
-model_ = p._model
 if mode == "knobs":
     x = np.random.default_rng(0).standard_normal((32, 3, 224, 224), dtype=np.float32)
-    model_.visual.run(x)
+    p.embed_pixels(x)
     t = time.perf_counter()
-    for _ in range(2): model_.visual.run(x)
+    for _ in range(2): p.embed_pixels(x)
     out["image_per_s"] = 64 / (time.perf_counter() - t)
-    tok = model_.textual.tokenizer
-    rows = [[tok.sot_id] + [400 + i] * 22 + [tok.eot_id] for i in range(32)]
-    model_.textual.run(rows)
+    sot, eot = p.tokenize([""])[0]
+    rows = [[sot] + [400 + i] * 22 + [eot] for i in range(32)]
+    p.embed_tokens(rows)
     t = time.perf_counter()
-    for _ in range(3): model_.textual.run(rows)
+    for _ in range(3): p.embed_tokens(rows)
     out["text_per_s"] = 96 / (time.perf_counter() - t)
 else:
     for name, folder in sets.items():

@@ -1,6 +1,6 @@
 """Train the shipped demo model: a small CLIP on generated scenes of coloured shapes.
 
-Reproducible (seeded, CPU, 2 threads, about 15-40 minutes (depending on load) on this project's 2-core machines):
+Reproducible (seeded, CPU, 2 threads; 15-40 minutes, depending on load, on 2 cores):
 
     .venv/bin/python scripts/train_demo_model.py            # writes src/themis_clip/data/demo_model
 
@@ -31,13 +31,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD
 from themis_clip.demo.scenes import COLOURS, POSITIONS, SHAPES, SIZES, Scene, render_scene
 from themis_clip.export.hf import create_random_checkpoint, export_hf_checkpoint
 from themis_clip.export.tokenizer import build_clip_tokenizer
 from themis_clip.models.spec import ImageSpec
 from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.preprocess.text import CLIPTokenizer
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
 
 TARGET = Path(__file__).resolve().parents[1] / "src" / "themis_clip" / "data" / "demo_model"
 HELD_OUT = [

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from themis_clip._version import __version__
 from themis_clip.config import (
-    CLIP_MEAN,
-    CLIP_STD,
     ModelConfig,
     PluginConfig,
     PreprocessConfig,
-    ResizeMode,
     SessionConfig,
     TensorRTConfig,
 )
@@ -61,6 +58,7 @@ from themis_clip.registry import (
     load_backend,
 )
 from themis_clip.resources import demo_model_path
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, DecodeMode, ResizeMode
 
 __all__ = [
     "CLIP_MEAN",
@@ -71,6 +69,7 @@ __all__ = [
     "BoundingBox",
     "CaptionResult",
     "ConfigError",
+    "DecodeMode",
     "DetectionResult",
     "EmbeddingResult",
     "GenerationParams",

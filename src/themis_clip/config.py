@@ -27,12 +27,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from themis_clip.errors import ConfigError
-from themis_clip.interface import BackendType
+from themis_clip.vocabulary import (
+    CLIP_MEAN,
+    CLIP_STD,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    OPTIMIZATION_LEVELS,
+    BackendType,
+    DecodeMode,
+    ResizeMode,
+)
 
-__all__ = [
+__all__ = [  # the vocabulary's names stay importable from here
     "CLIP_MEAN",
     "CLIP_STD",
+    "DEFAULT_MAX_IMAGE_PIXELS",
     "OPTIMIZATION_LEVELS",
+    "BackendType",
+    "DecodeMode",
     "ModelConfig",
     "PluginConfig",
     "PreprocessConfig",
@@ -40,20 +51,6 @@ __all__ = [
     "SessionConfig",
     "TensorRTConfig",
 ]
-
-CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
-
-#: Pillow's own default decompression-bomb limit (~179 megapixels).
-DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
-
-
-class ResizeMode(enum.StrEnum):
-    """How an image is brought to the model's square input (open_clip's ``resize_mode``)."""
-
-    SHORTEST = "shortest"  # OpenAI CLIP: shortest side to S, centre crop S×S
-    SQUASH = "squash"  # both sides to S, aspect ratio not kept (SigLIP)
-    LONGEST = "longest"  # longest side to S, pad to S×S with the fill colour
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +70,7 @@ class PreprocessConfig:
     resize_mode: ResizeMode | None = None
     apply_exif: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    decode_mode: str = "fast"
+    decode_mode: DecodeMode = DecodeMode.FAST
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +82,6 @@ class TensorRTConfig:
 
 
 #: ONNX Runtime graph optimisation levels, least to most.
-OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,7 +284,7 @@ class PluginConfig:
             resize_mode=pre_r.choice("resize_mode", ResizeMode),
             apply_exif=pre_r.get("apply_exif", bool, True),
             max_image_pixels=pre_r.positive_int("max_image_pixels") or DEFAULT_MAX_IMAGE_PIXELS,
-            decode_mode=pre_r.one_of("decode_mode", ("exact", "fast"), "fast"),
+            decode_mode=DecodeMode(pre_r.one_of("decode_mode", tuple(DecodeMode), "fast")),
         )
         pre_r.finish()
         trt_r = r.section("tensorrt")

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.vocabulary import BackendType
+
 if TYPE_CHECKING:
     from PIL import Image
 
@@ -45,28 +47,6 @@ ImageData: TypeAlias = (
 #: ``THEMIS_IMAGE_PLUGIN_API_VERSION`` of ThemisDB's ``image_analysis_interface.h``: the plugin
 #: contract this package implements. A backend whose major version differs is refused.
 THEMIS_IMAGE_PLUGIN_API_VERSION = "1.0.0"
-
-
-class BackendType(enum.StrEnum):
-    """Execution backends (ThemisDB's ``BackendType``, plus ``COREML``).
-
-    ``AUTO`` probes CUDA → TensorRT → DirectML → CPU (the seed's order). ONNX Runtime
-    providers: CUDA, TensorRT, DirectML, OpenVINO, ROCm (MIGraphX, or the older ROCm
-    provider), METAL and COREML (CoreML, Apple's route to Metal). OPENCL and VULKAN have no
-    ONNX Runtime provider: asking for them fails ``initialize`` with that reason.
-    """
-
-    AUTO = "auto"
-    CPU = "cpu"
-    CUDA = "cuda"
-    TENSORRT = "tensorrt"
-    DIRECTML = "directml"
-    OPENCL = "opencl"
-    VULKAN = "vulkan"
-    OPENVINO = "openvino"
-    METAL = "metal"
-    ROCM = "rocm"
-    COREML = "coreml"
 
 
 class ImageFormat(enum.StrEnum):

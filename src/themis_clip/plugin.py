@@ -367,6 +367,48 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         )
         return final
 
+    # -- model-only calls (benchmarks, verification) --------------------------------------
+
+    def preprocess(self, image_data: ImageData) -> npt.NDArray[np.float32]:
+        """The ``(3, S, S)`` float32 tensor the active model's image tower receives.
+
+        Raises:
+            NotReadyError: not initialised. InputError: undecodable image.
+        """
+        with self._hold() as model:
+            return model.preprocessor(image_data)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token rows (start and end tokens included, truncated) the text tower receives.
+
+        Raises:
+            NotReadyError: not initialised. ConfigError: the model has no text tower.
+        """
+        with self._hold() as model:
+            if model.textual is None:
+                raise ConfigError(f"model {model.identity.name} has no text tower")
+            return [list(r) for r in model.textual.tokenizer.encode_batch(list(texts)).rows]
+
+    def embed_pixels(self, pixels: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """Embed an already preprocessed batch ``(n, 3, S, S)``: session run + normalisation.
+
+        Raises:
+            NotReadyError: not initialised. InferenceError: the session failed.
+        """
+        with self._hold() as model:
+            embeddings, _ = model.embed_pixels(np.ascontiguousarray(pixels, dtype=np.float32))
+            return embeddings
+
+    def embed_tokens(self, rows: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
+        """Embed token rows (as :meth:`tokenize` returns them): session run + normalisation.
+
+        Raises:
+            NotReadyError: not initialised. ModelFormatError: no text tower.
+        """
+        with self._hold() as model:
+            embeddings, _ = model.embed_token_rows(rows)
+            return embeddings
+
     def health_check(self) -> bool:
         """Run an inference on each tower and check shape ``[1, embedding_dim]`` and finiteness."""
         try:

@@ -43,7 +43,9 @@ __all__ = [
     "available_providers",
     "create_session",
     "plan_providers",
+    "quantize_int8_dynamic",
     "supported_backends",
+    "to_float16",
 ]
 
 log = logging.getLogger(__name__)
@@ -493,3 +495,22 @@ def _info(node: Any) -> TensorInfo:
         raise ModelFormatError(f"tensor {node.name!r} has unsupported type {node.type}")
     shape = tuple(d if isinstance(d, int | str) else None for d in (node.shape or ()))
     return TensorInfo(name=node.name, shape=shape, dtype=dtype)
+
+
+# -- ONNX Runtime's model tools (the exporter's precision variants) ----------------------------
+
+
+def to_float16(model: Any) -> Any:
+    """An fp16 copy of an ONNX ``ModelProto`` whose inputs and outputs stay float32."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(model, keep_io_types=True)
+
+
+def quantize_int8_dynamic(source: Path, target: Path) -> None:
+    """ONNX Runtime's dynamic quantisation: int8 weights, activation ranges per batch."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(source), str(target), weight_type=QuantType.QInt8, use_external_data_format=False
+    )

@@ -110,14 +110,18 @@ def test_conversion_gives_openai_ids(merges_file: tuple[Path, list[tuple[str, st
         assert ids == ref.encode(text, unescape=False), text
 
 
+def _converted(path: Path, merges: list[tuple[str, str]], tmp_path: Path) -> CLIPTokenizer:
+    out = tmp_path / "tokenizer.json"
+    openai_bpe_tokenizer(path, out, vocab_size=514 + len(merges))
+    return CLIPTokenizer(out, context_length=77)
+
+
 def test_plugin_tokenizer_on_converted_file(
     merges_file: tuple[Path, list[tuple[str, str]]], tmp_path: Path
 ) -> None:
     path, merges = merges_file
     ref = Reference(merges)
-    out = tmp_path / "tokenizer.json"
-    openai_bpe_tokenizer(path, out, vocab_size=514 + len(merges))
-    clip = CLIPTokenizer(out, context_length=77)
+    clip = _converted(path, merges, tmp_path)
     batch = clip.encode_batch(TEXTS[:4])
     for text, row in zip(TEXTS[:4], batch.rows, strict=True):
         sot, eot = len(merges) + 512, len(merges) + 513
@@ -301,9 +305,7 @@ def test_cleaning_and_ids_equal_openai_on_hard_strings(
 ) -> None:
     path, merges = merges_file
     ref = Reference(merges)
-    out = tmp_path / "tokenizer.json"
-    openai_bpe_tokenizer(path, out, vocab_size=514 + len(merges))
-    clip = CLIPTokenizer(out, context_length=77)
+    clip = _converted(path, merges, tmp_path)
     assert len(HARD) >= 100
     batch = clip.encode_batch(HARD)
     sot, eot = len(merges) + 512, len(merges) + 513

@@ -60,6 +60,19 @@ class Gate:
         return session
 
 
+class HeldHash:
+    """A hash function that, once armed, holds the caller inside it until released."""
+
+    def __init__(self) -> None:
+        self.armed, self.entered, self.release = (threading.Event() for _ in range(3))
+
+    def __call__(self, path: Path) -> str:
+        if self.armed.is_set():
+            self.entered.set()
+            assert self.release.wait(20)
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def config(path: Path, **kw: Any) -> PluginConfig:
     model_kw = {k: kw.pop(k) for k in list(kw) if k in ModelConfig.__dataclass_fields__}
     return PluginConfig(model=ModelConfig(path=str(path), **model_kw), **kw)
@@ -345,25 +358,18 @@ def test_hs11_concurrent_reloads_are_serialised_and_shutdown_is_safe(
     assert results == [True] * 4 and swap_plugin.get_statistics()["generation"] == 5
     # shutdown() during a reload waits for it: hold the reload inside its hashing step, start
     # shutdown, and see shutdown finish only after the reload has (successfully) finished.
-    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
-
-    def held_hash(path: Path) -> str:
-        if armed.is_set():
-            entered.set()
-            assert release.wait(20)
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-
-    p = OnnxClipPlugin(hash_fn=held_hash)
+    held = HeldHash()
+    p = OnnxClipPlugin(hash_fn=held)
     assert p.initialize(config(tiny_model_dir))
-    armed.set()
+    held.armed.set()
     with ThreadPoolExecutor(2) as pool:
         reload = pool.submit(p.reload_model, config(tiny_model_dir_b))
-        assert entered.wait(20)
+        assert held.entered.wait(20)
         stop = pool.submit(p.shutdown)
         with pytest.raises(FutureTimeout):
             stop.result(0.3)  # blocked behind the reload
         assert not reload.done()
-        release.set()
+        held.release.set()
         assert reload.result(20) is True
         stop.result(20)
     assert not p.is_ready()
@@ -536,23 +542,16 @@ def test_reload_states_are_real(
 def test_reload_state_is_observable_while_it_runs(
     tiny_model_dir: Path, tiny_model_dir_b: Path
 ) -> None:
-    armed, entered, release = threading.Event(), threading.Event(), threading.Event()
-
-    def slow_hash(path: Path) -> str:
-        if armed.is_set():  # hold the reload's hashing step until the test has looked
-            entered.set()
-            assert release.wait(20)
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-
-    p = OnnxClipPlugin(hash_fn=slow_hash)
+    held = HeldHash()  # holds the reload's hashing step until the test has looked
+    p = OnnxClipPlugin(hash_fn=held)
     assert p.initialize(config(tiny_model_dir))
-    armed.set()
+    held.armed.set()
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(p.reload_model, config(tiny_model_dir_b))
-        assert entered.wait(20)
+        assert held.entered.wait(20)
         assert p.get_statistics()["state"] == "LOADING"
         assert p.generate_embedding(IMAGES[0]).ok  # the old model serves meanwhile
-        release.set()
+        held.release.set()
         assert done.result(20) is True
     assert p.get_statistics()["state"] == "READY"
     p.shutdown()

@@ -33,10 +33,10 @@ from typing import Any
 import onnx
 import torch
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD
 from themis_clip.models.layout import write_manifest
 from themis_clip.models.peers import HF_RESAMPLE
 from themis_clip.preprocess.text import pad_id_from_config
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
 
 __all__ = [
     "PRECISIONS",
@@ -232,19 +232,14 @@ def _save(model: onnx.ModelProto, target: Path, threshold: int) -> None:
 
 
 def _convert(source: Path, target: Path, precision: str, threshold: int) -> None:
+    from themis_clip.runtime import quantize_int8_dynamic, to_float16
+
     if precision == "fp16":
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True)
-        _save(model, target, threshold)
+        _save(to_float16(onnx.load(str(source))), target, threshold)
     elif precision == "int8":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "q.onnx"
-            quantize_dynamic(
-                str(source), str(out), weight_type=QuantType.QInt8, use_external_data_format=False
-            )
+            quantize_int8_dynamic(source, out)
             _save(onnx.load(str(out)), target, threshold)
 
 

@@ -215,9 +215,9 @@ def build_model_dir(
     resize_mode: str = "shortest",
 ) -> Path:
     """Write a complete model directory in this project's layout (towers, tokenizer, manifest)."""
-    from themis_clip.config import CLIP_MEAN, CLIP_STD
     from themis_clip.export.tokenizer import build_clip_tokenizer
     from themis_clip.models.layout import write_manifest
+    from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
 
     root.mkdir(parents=True, exist_ok=True)
     tok = build_clip_tokenizer(root / "tokenizer.json")

@@ -79,12 +79,9 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
         config = PluginConfig.from_dict({"model": {"path": str(model_dir), "variant": variant}})
         if not plugin.initialize(config):
             raise RuntimeError(f"cannot load variant {variant}: {plugin.last_error}")
-        model = plugin._model
-        assert model is not None
-        assert model.textual is not None
         got_img = np.stack([r.embedding for r in plugin.generate_embedding_batch(images)])  # type: ignore[misc]
-        pixels = np.stack([model.preprocessor(i) for i in images])
-        tokens = model.textual.tokenizer.encode_batch(TEXTS).rows
+        pixels = np.stack([plugin.preprocess(i) for i in images])
+        tokens = plugin.tokenize(TEXTS)
         got_txt = np.stack([r.embedding for r in plugin.generate_text_embedding_batch(TEXTS)])  # type: ignore[misc]
         with torch.no_grad():
             ref_img = _features(reference.get_image_features(pixel_values=torch.from_numpy(pixels)))

@@ -12,11 +12,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,13 +22,22 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
 from themis_clip.index.search import ModelStamp, VectorIndex
 from themis_clip.index.store import ItemRow
 from themis_clip.interface import EmbeddingResult, ImageData
 
-__all__ = ["IMAGE_SUFFIXES", "ImageEmbedder", "IndexReport", "index_folder", "walk_images"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "ImageEmbedder",
+    "IndexReport",
+    "Progress",
+    "index_folder",
+    "walk_images",
+]
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+#: ``progress(done, total)``: called as embedding proceeds (the CLI draws a bar from it).
+Progress = Callable[[int, int], None]
 
 
 class ImageEmbedder(Protocol):
@@ -55,24 +62,11 @@ class IndexReport:
         return self.added + self.updated
 
 
-def walk_images(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursive, symlinked folders not followed), sorted."""
-    out = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        out += [Path(root) / f for f in files if Path(f).suffix.lower() in IMAGE_SUFFIXES]
-    return sorted(out)
-
-
 def _sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                digest.update(chunk)
+        return sha256_of(path)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _row(
@@ -96,9 +90,14 @@ def index_folder(
     *,
     stamp: ModelStamp,
     chunk: int = 128,
-    progress: bool = True,
+    progress: Progress | bool | None = None,
 ) -> IndexReport:
-    """Bring ``index`` up to date with the images under ``folder``."""
+    """Bring ``index`` up to date with the images under ``folder``.
+
+    ``progress(done, total)`` is called after every committed chunk of embeddings (library
+    code draws nothing; a bool is accepted as "no callback" for older callers).
+    """
+    report_progress = progress if callable(progress) else None
     t0 = time.perf_counter()
     report = IndexReport()
     index.bind_model(stamp)
@@ -145,34 +144,28 @@ def index_folder(
             report.duplicates += 1
         else:
             to_embed.append((path, st, digest))
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    with tqdm(
-        total=len(to_embed),
-        unit="img",
-        disable=not progress or None,
-        file=sys.stderr,
-        desc="indexing",
-    ) as bar:
-        for start in range(0, len(to_embed), chunk):
-            part = to_embed[start : start + chunk]
-            results = embedder.generate_embedding_batch([p for p, _, _ in part])
-            rows, failed_rows = [], []
-            for (path, st, digest), r in zip(part, results, strict=True):
-                if r.ok and r.embedding is not None:
-                    rows.append(_row(path, st, digest, r.embedding))
-                    if str(path) in known:
-                        report.updated += 1
-                    else:
-                        report.added += 1
+    if report_progress is not None:
+        report_progress(0, len(to_embed))
+    for start in range(0, len(to_embed), chunk):
+        part = to_embed[start : start + chunk]
+        results = embedder.generate_embedding_batch([p for p, _, _ in part])
+        rows, failed_rows = [], []
+        for (path, st, digest), r in zip(part, results, strict=True):
+            if r.ok and r.embedding is not None:
+                rows.append(_row(path, st, digest, r.embedding))
+                if str(path) in known:
+                    report.updated += 1
                 else:
-                    failed_rows.append(
-                        (str(path), st.st_size, st.st_mtime_ns, r.error or "unknown error")
-                    )
-                    report.failed.append((str(path), r.error or "unknown error"))
-            store.upsert(rows, dim=stamp.dim)  # one transaction per chunk: resumable
-            store.record_failures(failed_rows)
-            bar.update(len(part))
+                    report.added += 1
+            else:
+                failed_rows.append(
+                    (str(path), st.st_size, st.st_mtime_ns, r.error or "unknown error")
+                )
+                report.failed.append((str(path), r.error or "unknown error"))
+        store.upsert(rows, dim=stamp.dim)  # one transaction per chunk: resumable
+        store.record_failures(failed_rows)
+        if report_progress is not None:
+            report_progress(start + len(part), len(to_embed))
     report.removed = store.delete_keys(known[p].key for p in vanished)
     store.delete_failures(p for p in failures if p not in seen)
     report.seconds = time.perf_counter() - t0

@@ -72,6 +72,10 @@ def top_k(
     return order.astype(np.int64), scores[order].astype(np.float32)
 
 
+#: The saved HNSW graph lives beside the database as ``<index>`` + this suffix.
+GRAPH_SUFFIX = ".usearch"
+
+
 class VectorIndex:
     """Items with vectors, searchable by vector.
 
@@ -100,7 +104,7 @@ class VectorIndex:
         self.exact_threshold = exact_threshold
         self.expansion_search = expansion_search
         self._graph = {"connectivity": connectivity, "expansion_add": expansion_add}
-        self._ann_path = Path(str(path) + ".usearch")
+        self._ann_path = Path(str(path) + GRAPH_SUFFIX)
         self._cache_version = -1
         self._ids: npt.NDArray[np.int64] = np.empty(0, np.int64)
         self._matrix: npt.NDArray[np.float32] = np.empty((0, 0), np.float32)
@@ -110,6 +114,18 @@ class VectorIndex:
 
     def close(self) -> None:
         self.store.close()
+
+    @staticmethod
+    def files(path: str | Path) -> list[Path]:
+        """Every file an index at ``path`` may consist of: the database, SQLite's write-ahead
+        log and shared-memory files, and the saved HNSW graph."""
+        return [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", GRAPH_SUFFIX)]
+
+    @staticmethod
+    def remove(path: str | Path) -> None:
+        """Delete an index at ``path`` with all its side files (absent ones are fine)."""
+        for file in VectorIndex.files(path):
+            file.unlink(missing_ok=True)
 
     def __enter__(self) -> VectorIndex:
         return self

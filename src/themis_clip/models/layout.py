@@ -25,11 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
 from themis_clip.models.peers import detect_peer_layout
 from themis_clip.models.spec import ImageSpec, ModelSpec
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
 
 __all__ = [
     "MANIFEST_FORMAT",

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
 from themis_clip.errors import ModelFormatError
 from themis_clip.models.spec import ImageSpec, ModelSpec
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
 
 __all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
 

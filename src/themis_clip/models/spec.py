@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD, ResizeMode
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
 
 __all__ = ["ImageSpec", "ModelSpec"]
 

@@ -37,10 +37,16 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from themis_clip.config import CLIP_MEAN, CLIP_STD, DEFAULT_MAX_IMAGE_PIXELS, ResizeMode
 from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError
 from themis_clip.interface import ImageData
 from themis_clip.models.spec import ImageSpec
+from themis_clip.vocabulary import (
+    CLIP_MEAN,
+    CLIP_STD,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DecodeMode,
+    ResizeMode,
+)
 
 __all__ = [
     "ImagePreprocessor",
@@ -508,11 +514,12 @@ class ImagePreprocessor:
     spec: ImageSpec
     apply_exif: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    decode_mode: str = "exact"
+    decode_mode: DecodeMode | str = DecodeMode.EXACT
 
     def __post_init__(self) -> None:
-        if self.decode_mode not in ("exact", "fast"):
+        if self.decode_mode not in tuple(DecodeMode):
             raise ValueError(f"decode_mode must be 'exact' or 'fast', got {self.decode_mode!r}")
+        object.__setattr__(self, "decode_mode", DecodeMode(self.decode_mode))
         if self.spec.interpolation not in RESAMPLING:
             raise ValueError(
                 f"unsupported interpolation {self.spec.interpolation!r}; "
@@ -545,7 +552,7 @@ class ImagePreprocessor:
         Returns:
             float32 array of shape ``(3, S, S)``: the exact tensor the image tower receives.
         """
-        fast = self.decode_mode == "fast"
+        fast = self.decode_mode is DecodeMode.FAST
         img = decode_image(
             data,
             max_image_pixels=self.max_image_pixels,

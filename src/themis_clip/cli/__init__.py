@@ -1,0 +1,61 @@
+"""``themis-clip``: a thin command line over the library (parse, call, print).
+
+One module per command group: ``embed`` (embed, info, health), ``index`` (index, search),
+``dataset`` (embed-dataset), ``serve``, ``export`` (export, verify), ``demo``; ``common``
+holds the model options and errors they share. A new command is a module with a
+``register(sub)`` function, listed in :data:`_GROUPS`.
+
+Exit codes: 0 success; 1 some inputs failed (results for the rest are still written);
+2 usage, configuration or model errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from themis_clip._version import __version__
+from themis_clip.cli import dataset, demo, embed, export, index, serve
+from themis_clip.cli.common import CLIError
+from themis_clip.errors import ThemisClipError
+
+__all__ = ["main"]
+
+_GROUPS = (embed, index, dataset, serve, export, demo)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (``themis-clip`` calls ``sys.exit`` on it)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.func(args)
+        return code
+    except (CLIError, ThemisClipError) as exc:
+        print(f"themis-clip: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("themis-clip: interrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="themis-clip", description="CLIP embeddings on ONNX Runtime"
+    )
+    parser.add_argument("--version", action="version", version=f"themis-clip {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in _GROUPS:
+        group.register(sub)
+    return parser
+
+
+def entry() -> None:
+    sys.exit(main())

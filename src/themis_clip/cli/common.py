@@ -1,0 +1,77 @@
+"""What every command shares: the model options, the configuration they build, errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.index.search import ModelStamp
+from themis_clip.interface import BackendType
+from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.resources import demo_model_path
+
+DEFAULT_INDEX = "themis-index.db"
+
+
+class CLIError(Exception):
+    """A usage or set-up problem: message to stderr, exit code 2."""
+
+
+def model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", help="model directory or image-tower .onnx (default: the shipped demo model)"
+    )
+    p.add_argument("--config", help="JSON config file (the seed's format)")
+    p.add_argument("--backend", choices=[b.value for b in BackendType], help="execution backend")
+    p.add_argument("--batch-size", type=int, help="max_batch_size")
+
+
+def config_from(args: argparse.Namespace) -> PluginConfig:
+    if args.config:
+        config = PluginConfig.from_file(args.config)
+        if args.model:
+            config = replace(config, model=replace(config.model, path=args.model))
+    else:
+        config = PluginConfig(model=ModelConfig(path=args.model or str(demo_model_path())))
+    if args.batch_size is not None:
+        if args.batch_size < 1:
+            raise CLIError("--batch-size must be >= 1")
+        config = replace(config, max_batch_size=args.batch_size)
+    if args.backend:
+        config = replace(config, backend=BackendType(args.backend))
+    return config
+
+
+def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:
+    config = config_from(args)
+    plugin = OnnxClipPlugin()
+    if not plugin.initialize(config):
+        raise CLIError(f"cannot initialise the model: {plugin.last_error}")
+    return plugin
+
+
+def stamp_of(plugin: OnnxClipPlugin) -> ModelStamp:
+    identity = plugin.model_identity
+    assert identity is not None
+    return ModelStamp(
+        model_id=identity.model_id, sha256=identity.sha256, dim=identity.embedding_dim
+    )
+
+
+def progress_bar(desc: str, *, unit: str = "img") -> tuple[Callable[[int, int], None], Any]:
+    """A tqdm bar on stderr fed by ``progress(done, total)`` callbacks: ``(callback, bar)``."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    bar = tqdm(total=0, unit=unit, file=sys.stderr, desc=desc, disable=None)
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+            bar.refresh()
+        bar.update(done - bar.n)
+
+    return update, bar

@@ -1,0 +1,67 @@
+"""``demo``: the main job on the embedded defaults (a generated gallery, indexed, searched)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from themis_clip.cli.common import model_args, stamp_of, start_plugin
+from themis_clip.cli.index import _print_hits, _print_report, _query_vector
+from themis_clip.index.indexer import index_folder
+from themis_clip.index.search import VectorIndex
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo", help="the main job on the embedded defaults: embed a generated gallery"
+    )
+    p.add_argument(
+        "--gallery", default=".cache/demo-gallery", help="where to write the generated images"
+    )
+    p.add_argument("--count", type=int, default=60, help="number of gallery images")
+    model_args(p)
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from themis_clip.demo.scenes import write_gallery
+
+    gallery_dir = Path(args.gallery)
+    gallery = write_gallery(gallery_dir, args.count)
+    plugin = start_plugin(args)
+    try:
+        stats = plugin.get_statistics()
+        print(
+            f"model {stats['model_id']} on {stats['backend']} "
+            f"({stats['embedding_dim']}-d embeddings)"
+        )
+        if stats["model_variant"] == "themis-demo-shapes":
+            print("note: the demo model knows generated shapes only; use --model for real CLIP.")
+        index_path = str(gallery_dir.parent / "demo-index.db")
+        with VectorIndex(index_path) as index:
+            report = index_folder(
+                index, gallery_dir, plugin, stamp=stamp_of(plugin), progress=False
+            )
+            _print_report(report, index_path)
+            queries = [
+                "a red circle",
+                "a small blue square on the left",
+                "a large yellow star",
+                "a green ring",
+            ]
+            print("\nText -> image (file names carry the truth: colour-shape-size-position):")
+            for query in queries:
+                print(f"\n  {query!r}")
+                _print_hits(index.search(_query_vector(plugin, query, None), 3), indent="  ")
+            probe = gallery[0][0]
+            print(f"\nImage -> image, query {probe.name}:")
+            _print_hits(index.search(_query_vector(plugin, None, str(probe)), 4), indent="  ")
+        s = plugin.get_statistics()
+        print(
+            f"\n{s['images']} images and {s['texts']} texts embedded, "
+            f"p50 {s['p50_latency_ms']:.1f} ms a call"
+        )
+    finally:
+        plugin.shutdown()
+    return 0

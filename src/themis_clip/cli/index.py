@@ -1,0 +1,179 @@
+"""``index`` and ``search``: keep an index of a folder (or of embed-dataset output) and query it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from themis_clip.cli.common import (
+    DEFAULT_INDEX,
+    CLIError,
+    model_args,
+    progress_bar,
+    stamp_of,
+    start_plugin,
+)
+from themis_clip.index.indexer import IndexReport, index_folder
+from themis_clip.index.search import Hit, VectorIndex
+from themis_clip.plugin import OnnxClipPlugin
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("index", help="index the images under a folder (incremental, resumable)")
+    p.add_argument("folder")
+    p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
+    p.add_argument("--rebuild", action="store_true", help="delete the index first")
+    p.add_argument(
+        "--from-parquet", action="store_true", help="FOLDER holds embed-dataset Parquet output"
+    )
+    model_args(p)
+    p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser("search", help="search an index by text or by image")
+    p.add_argument("query", nargs="?", help="text query")
+    p.add_argument("--image", help="image file query (image -> image)")
+    p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
+    model_args(p)
+    p.set_defaults(func=_cmd_search)
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        raise CLIError(f"not a folder: {folder}")
+    if args.from_parquet:
+        return _index_from_parquet(args, folder)
+    if args.rebuild:
+        VectorIndex.remove(args.index)
+    plugin = start_plugin(args)
+    try:
+        with VectorIndex(args.index) as index:
+            update, bar = progress_bar("indexing")
+            with bar:
+                report = index_folder(
+                    index,
+                    folder,
+                    plugin,
+                    stamp=stamp_of(plugin),
+                    chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
+                    progress=update,
+                )
+            _prepare_graph(index)
+    finally:
+        plugin.shutdown()
+    _print_report(report, args.index)
+    return 0
+
+
+def _print_report(report: IndexReport, index_path: str) -> None:
+    print(
+        f"{index_path}: {report.added} added, {report.updated} updated, "
+        f"{report.unchanged} unchanged, "
+        f"{report.renamed} renamed, {report.duplicates} duplicates, {report.removed} removed, "
+        f"{len(report.failed)} unreadable ({report.seconds:.1f} s)"
+    )
+    for path, error in report.failed:
+        print(f"  skipped {path}: {error}")
+
+
+def _prepare_graph(index: VectorIndex) -> None:
+    """Build the HNSW graph once here, so later searches (read-only) never wait for one."""
+    count = index.store.count()
+    if count > index.exact_threshold:
+        print(f"building the HNSW search graph over {count} items ...", file=sys.stderr)
+        if index.prepare_graph():
+            print("HNSW graph saved", file=sys.stderr)
+
+
+def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
+    from themis_clip.distributed import read_embeddings
+    from themis_clip.index.importer import check_origin, import_embeddings
+
+    rows = read_embeddings(folder)
+    plugin = start_plugin(args)  # the model whose identity the index records, and must match
+    try:
+        stamp = stamp_of(plugin)
+    finally:
+        plugin.shutdown()
+    check_origin(rows, stamp, source=str(folder))  # before anything is removed or written
+    if args.rebuild:
+        VectorIndex.remove(args.index)
+    with VectorIndex(args.index) as index:
+        loaded = import_embeddings(index, rows, stamp, source=str(folder))
+        _prepare_graph(index)
+        total = index.store.count()
+    print(f"{args.index}: {loaded} embeddings loaded from {folder} ({total} items in the index)")
+    return 0
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    if args.k < 1:
+        raise CLIError("-k must be >= 1")
+    with VectorIndex(args.index, readonly=True) as index:
+        plugin = start_plugin(args)
+        try:
+            index.bind_model(stamp_of(plugin))  # refuses an index made by another model
+            hits = index.search(
+                _query_vector(plugin, args.query, args.image),
+                args.k,
+                _parse_filters(args.filter) or None,
+            )
+        finally:
+            plugin.shutdown()
+    _print_hits(hits, as_json=args.json)
+    return 0
+
+
+def _query_vector(plugin: OnnxClipPlugin, text: str | None, image: str | None) -> np.ndarray:
+    if (text is None) == (image is None):
+        raise CLIError("give either a text query or --image FILE")
+    result = (
+        plugin.generate_embedding(image) if image else plugin.generate_text_embedding(text or "")
+    )
+    if not result.ok or result.embedding is None:
+        raise CLIError(f"cannot embed the query: {result.error}")
+    return result.embedding
+
+
+def _parse_filters(raw: list[str]) -> dict[str, Any]:
+    filters: dict[str, Any] = {}
+    for item in raw:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CLIError(f"--filter needs KEY=VALUE, got {item!r}")
+        try:
+            filters[key] = json.loads(value)
+        except ValueError:
+            filters[key] = value
+    return filters
+
+
+def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> None:
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "key": h.key,
+                        "score": round(h.score, 6),
+                        "path": h.path,
+                        "metadata": h.metadata,
+                    }
+                    for h in hits
+                ],
+                indent=1,
+            )
+        )
+        return
+    if not hits:
+        print(f"{indent}(no results)")
+    for rank, h in enumerate(hits, 1):
+        print(f"{indent}{rank:2d}. {h.score:+.3f}  {h.path or h.key}")

@@ -1,0 +1,67 @@
+"""The shared vocabulary: closed sets and constants every layer speaks (a leaf: imports nothing).
+
+``config``, ``interface``, ``models``, ``preprocess`` and ``runtime`` take these from here, so
+that no module imports ``config`` only for a constant and ``config`` and ``interface`` do not
+import each other.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "OPTIMIZATION_LEVELS",
+    "BackendType",
+    "DecodeMode",
+    "ResizeMode",
+]
+
+#: OpenAI CLIP's normalisation (``clip/clip.py`` ``_transform``).
+CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+
+#: Pillow's own default decompression-bomb limit (~179 megapixels).
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+
+#: ONNX Runtime graph optimisation levels, by their config names.
+OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+
+
+class BackendType(enum.StrEnum):
+    """Execution backends (ThemisDB's ``BackendType``, plus ``COREML``).
+
+    ``AUTO`` probes CUDA → TensorRT → DirectML → CPU (the seed's order). ONNX Runtime
+    providers: CUDA, TensorRT, DirectML, OpenVINO, ROCm (MIGraphX, or the older ROCm
+    provider), METAL and COREML (CoreML, Apple's route to Metal). OPENCL and VULKAN have no
+    ONNX Runtime provider: asking for them fails ``initialize`` with that reason.
+    """
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+    TENSORRT = "tensorrt"
+    DIRECTML = "directml"
+    OPENCL = "opencl"
+    VULKAN = "vulkan"
+    OPENVINO = "openvino"
+    METAL = "metal"
+    ROCM = "rocm"
+    COREML = "coreml"
+
+
+class ResizeMode(enum.StrEnum):
+    """How an image is brought to the model's square input (open_clip's ``resize_mode``)."""
+
+    SHORTEST = "shortest"  # OpenAI CLIP: shortest side to S, centre crop S×S
+    SQUASH = "squash"  # both sides to S, aspect ratio not kept (SigLIP)
+    LONGEST = "longest"  # longest side to S, pad to S×S with the fill colour
+
+
+class DecodeMode(enum.StrEnum):
+    """``preprocess.decode_mode``: the reference's full decode, or DCT-scaled JPEG decoding."""
+
+    EXACT = "exact"
+    FAST = "fast"
