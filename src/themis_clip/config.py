@@ -12,6 +12,9 @@ The seed's keys are accepted exactly::
 
 plus the keys documented on each dataclass below. Unknown keys are rejected (a typo must not
 silently fall back to a default), and every error names the dotted key.
+
+
+Size: the whole configuration schema and its one strict reader; the schema is the module.
 """
 
 from __future__ import annotations

@@ -17,20 +17,24 @@ the reload waits up to ``drain_timeout_s`` for its in-flight requests and releas
 **On drain timeout** the reload still succeeds (the new model is active and no request fails);
 the old model's sessions are released by its last in-flight request when that finishes, and
 ``drain_timeouts`` counts the event. Sessions are never closed under a running ``run`` call.
+
+
+Size: this module is the seed's whole public surface in one class (lifecycle, four embedding
+calls, model-only calls, health, warmup, statistics, hot-swap orchestration), each method thin
+over :mod:`.engine`, :mod:`.loading`, :mod:`.pipeline` and :mod:`.hotswap`; splitting the class
+would split the API the seed names.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,8 +48,14 @@ from themis_clip.errors import (
     InferenceError,
     ModelMismatchError,
     NotReadyError,
-    TextInputError,
     ThemisClipError,
+)
+from themis_clip.hotswap import (
+    PluginState,
+    ReloadReport,
+    check_same_space,
+    space_changed,
+    validate,
 )
 from themis_clip.interface import (
     BackendType,
@@ -58,6 +68,7 @@ from themis_clip.interface import (
     PluginInfo,
 )
 from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.pipeline import elapsed_ms, embed_images, embed_texts, translate
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
 
@@ -75,49 +86,22 @@ _PILLOW_FORMAT = {
 }
 
 
-class PluginState(enum.StrEnum):
-    """The seed's reload state machine, plus the states around it."""
-
-    UNINITIALIZED = "UNINITIALIZED"
-    LOADING = "LOADING"
-    VALIDATING = "VALIDATING"
-    ACTIVATING = "ACTIVATING"
-    READY = "READY"
-    ERROR = "ERROR"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReloadReport:
-    """The outcome of one ``reload_model`` call.
-
-    Attributes:
-        ok: the new model is active.
-        previous: the identity active before the call.
-        current: the identity active after it (``previous`` when the reload failed).
-        space_changed: vectors of ``previous`` are not comparable with ``current``'s.
-        error: why the reload failed (None on success).
-        seconds: how long the call took.
-    """
-
-    ok: bool
-    previous: ModelIdentity
-    current: ModelIdentity
-    space_changed: bool
-    error: str | None
-    seconds: float
-
-    def as_dict(self) -> dict[str, Any]:
-        def ident(i: ModelIdentity) -> dict[str, Any]:
-            return {"model_id": i.model_id, "sha256": i.sha256, "embedding_dim": i.embedding_dim}
-
-        return {
-            "ok": self.ok,
-            "previous": ident(self.previous),
-            "current": ident(self.current),
-            "space_changed": self.space_changed,
-            "error": self.error,
-            "seconds": round(self.seconds, 3),
-        }
+_NO_MODEL: dict[str, Any] = {
+    "backend": BackendType.AUTO.value,
+    "providers": [],
+    "model_variant": None,
+    "model_id": None,
+    "model_sha256": None,
+    "precision_variant": None,
+    "embedding_dim": None,
+    "image_size": None,
+    "text_tower": False,
+    "generation": 0,
+    "in_flight": 0,
+    "loading_mode": None,
+    "loading_note": None,
+    "optimized_model_cache": {},
+}
 
 
 class OnnxClipPlugin(ImageAnalysisBackend):
@@ -312,10 +296,12 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             if not valid[0]:
                 raise InferenceError("the model produced a non-finite or zero embedding")
             result = EmbeddingResult.succeeded(
-                embeddings[0], latency_ms=_ms(t0), model_id=model_id, metadata=metadata
+                embeddings[0], latency_ms=elapsed_ms(t0), model_id=model_id, metadata=metadata
             )
         except Exception as exc:
-            result = EmbeddingResult.failure(_translate(exc), latency_ms=_ms(t0), metadata=metadata)
+            result = EmbeddingResult.failure(
+                translate(exc), latency_ms=elapsed_ms(t0), metadata=metadata
+            )
         self._stats.record_call(
             images=1, errors=0 if result.ok else 1, latency_ms=result.latency_ms
         )
@@ -331,16 +317,18 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         results: list[EmbeddingResult | None] = [None] * len(items)
         try:
             with self._hold() as model:
-                self._embed_images(model, items, results, t0)
+                embed_images(model, self._executor, items, results, t0, self._stats)
         except Exception as exc:
-            failure = _translate(exc)
-            results = [r or EmbeddingResult.failure(failure, latency_ms=_ms(t0)) for r in results]
+            failure = translate(exc)
+            results = [
+                r or EmbeddingResult.failure(failure, latency_ms=elapsed_ms(t0)) for r in results
+            ]
         final = [
             r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
             for r in results
         ]
         errors = sum(not r.ok for r in final)
-        self._stats.record_call(images=len(final), errors=errors, latency_ms=_ms(t0))
+        self._stats.record_call(images=len(final), errors=errors, latency_ms=elapsed_ms(t0))
         return final
 
     def generate_text_embedding(self, text: str) -> EmbeddingResult:
@@ -354,16 +342,18 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         results: list[EmbeddingResult | None] = [None] * len(items)
         try:
             with self._hold() as model:
-                self._embed_texts(model, items, results, t0)
+                embed_texts(model, items, results, t0, self._stats)
         except Exception as exc:
-            failure = _translate(exc)
-            results = [r or EmbeddingResult.failure(failure, latency_ms=_ms(t0)) for r in results]
+            failure = translate(exc)
+            results = [
+                r or EmbeddingResult.failure(failure, latency_ms=elapsed_ms(t0)) for r in results
+            ]
         final = [
             r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
             for r in results
         ]
         self._stats.record_call(
-            texts=len(final), errors=sum(not r.ok for r in final), latency_ms=_ms(t0)
+            texts=len(final), errors=sum(not r.ok for r in final), latency_ms=elapsed_ms(t0)
         )
         return final
 
@@ -413,7 +403,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         """Run an inference on each tower and check shape ``[1, embedding_dim]`` and finiteness."""
         try:
             with self._hold() as model:
-                ok = _validate(model)
+                ok = validate(model)
         except Exception as exc:
             log.warning("health check failed: %s", _describe(exc))
             ok = False
@@ -435,13 +425,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             for n in sorted({1, model.visual.batch_limit}):
                 t0 = time.perf_counter()
                 model.visual.run(np.zeros((n, 3, size, size), dtype=np.float32))
-                timings[f"visual_b{n}_ms"] = _ms(t0)
+                timings[f"visual_b{n}_ms"] = elapsed_ms(t0)
             if model.textual is not None:
                 tok = model.textual.tokenizer
                 for n in sorted({1, model.textual.batch_limit}):
                     t0 = time.perf_counter()
                     model.textual.run([[tok.sot_id, tok.eot_id]] * n)
-                    timings[f"textual_b{n}_ms"] = _ms(t0)
+                    timings[f"textual_b{n}_ms"] = elapsed_ms(t0)
         log.info("warmup done: %s", ", ".join(f"{k}={v:.1f}" for k, v in timings.items()))
         return timings
 
@@ -452,28 +442,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         stats.update(
             state=self._state.value,
             ready=model is not None,
-            backend=(model.backend if model else BackendType.AUTO).value,
-            providers=list(model.providers) if model else [],
-            model_variant=model.identity.name if model else None,
-            model_id=model.identity.model_id if model else None,
-            model_sha256=model.identity.sha256 if model else None,
-            precision_variant=model.spec.variant if model else None,
-            embedding_dim=model.embedding_dim if model else None,
-            image_size=model.preprocessor.spec.image_size if model else None,
-            text_tower=bool(model and model.textual),
-            generation=model.generation if model else 0,
-            in_flight=model.in_flight if model else 0,
-            loading_mode=model.visual.session.loading_mode if model else None,
-            loading_note=model.loading_note if model else None,
-            optimized_model_cache=(
-                {
-                    tower: t.session.optimized_cache
-                    for tower, t in (("visual", model.visual), ("textual", model.textual))
-                    if t is not None
-                }
-                if model
-                else {}
-            ),
+            **(model.describe() if model else _NO_MODEL),
             last_health_check=self._last_health,
             last_reload_error=self._last_reload_error,
             last_reload=self._last_reload.as_dict() if self._last_reload else None,
@@ -533,13 +502,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                     backend = self._requested_backend
                 new = self._load(new_config, backend)
                 self._set_state(PluginState.VALIDATING)
-                if not _validate(new):
+                if not validate(new):
                     raise ModelMismatchError(
                         "validation inference gave a wrong shape or non-finite values"
                     )
-                changed = _space_changed(old.identity, new.identity)
+                changed = space_changed(old.identity, new.identity)
                 if changed:
-                    _check_same_space(old.identity, new.identity, new_config)
+                    check_same_space(old.identity, new.identity, new_config)
                     if space_guard is not None:
                         space_guard(old.identity, new.identity)
             except Exception as exc:
@@ -641,171 +610,12 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         finally:
             model.release()
 
-    def _embed_images(
-        self,
-        model: ClipModel,
-        items: list[ImageData],
-        results: list[EmbeddingResult | None],
-        t0: float,
-    ) -> None:
-        executor = self._executor
-        if executor is None:
-            raise NotReadyError("the onnx_clip plugin is shut down")
-        step = model.visual.batch_limit
-        chunks = [list(range(s, min(s + step, len(items)))) for s in range(0, len(items), step)]
-        prepare = model.preprocessor
-
-        def submit(idx: list[int]) -> tuple[npt.NDArray[np.float32], list[Future[Any]]]:
-            buf = np.empty((len(idx), *prepare.shape), dtype=np.float32)
-            return buf, [executor.submit(prepare, items[i], buf[j]) for j, i in enumerate(idx)]
-
-        # Decoding of the next ``prefetch_batches`` chunks overlaps the session run of this one.
-        ahead = model.config.prefetch_batches
-        pending: deque[tuple[npt.NDArray[np.float32], list[Future[Any]]]] = deque()
-        submitted = 0
-        for k, idx in enumerate(chunks):
-            while submitted < len(chunks) and submitted <= k + ahead:
-                pending.append(submit(chunks[submitted]))
-                submitted += 1
-            buf, futures = pending.popleft()
-            good: list[int] = []
-            for j, (i, fut) in enumerate(zip(idx, futures, strict=True)):
-                try:
-                    fut.result()
-                    good.append(j)
-                except Exception as exc:
-                    results[i] = EmbeddingResult.failure(_translate(exc), latency_ms=_ms(t0))
-            if not good:
-                continue
-            pixels = buf if len(good) == len(idx) else buf[good]
-            try:
-                embeddings, valid = model.embed_pixels(pixels)
-            except Exception as exc:
-                failure = _translate(exc)
-                for j in good:
-                    results[idx[j]] = EmbeddingResult.failure(failure, latency_ms=_ms(t0))
-                continue
-            self._stats.record_batch(len(good))
-            latency = _ms(t0)
-            for row, j in enumerate(good):
-                results[idx[j]] = _result(embeddings[row], bool(valid[row]), latency, model)
-
-    def _embed_texts(
-        self,
-        model: ClipModel,
-        items: list[str],
-        results: list[EmbeddingResult | None],
-        t0: float,
-    ) -> None:
-        if model.textual is None:
-            raise ConfigError(
-                f"model {model.identity.name} has no text tower; configure model.text_path "
-                "or use a model directory with textual.onnx"
-            )
-        tokenizer = model.textual.tokenizer
-        valid_idx: list[int] = []
-        for i, text in enumerate(items):
-            if isinstance(text, str):
-                valid_idx.append(i)
-            else:
-                results[i] = EmbeddingResult.failure(
-                    TextInputError(f"text must be str, got {type(text).__name__}")
-                )
-        if not valid_idx:
-            return
-        batch = tokenizer.encode_batch([items[i] for i in valid_idx])
-        embeddings, valid = model.embed_token_rows(batch.rows)
-        step = model.textual.fixed_batch or model.textual.batch_limit
-        for start in range(0, len(valid_idx), step):
-            self._stats.record_batch(min(step, len(valid_idx) - start))
-        latency = _ms(t0)
-        for row, i in enumerate(valid_idx):
-            results[i] = _result(
-                embeddings[row],
-                bool(valid[row]),
-                latency,
-                model,
-                truncated=batch.truncated[row],
-                tokens=len(batch.rows[row]),
-            )
-
-
-def _result(
-    embedding: npt.NDArray[np.float32],
-    valid: bool,
-    latency_ms: float,
-    model: ClipModel,
-    *,
-    truncated: bool = False,
-    tokens: int | None = None,
-) -> EmbeddingResult:
-    if not valid:
-        return EmbeddingResult.failure(
-            InferenceError("the model produced a non-finite or zero embedding"),
-            latency_ms=latency_ms,
-        )
-    return EmbeddingResult.succeeded(
-        embedding,
-        latency_ms=latency_ms,
-        model_id=model.identity.model_id,
-        truncated=truncated,
-        tokens=tokens,
-    )
-
-
-def _validate(model: ClipModel) -> bool:
-    """One inference per tower: output ``[1, embedding_dim]`` of finite values."""
-    dim = model.embedding_dim
-    size = model.preprocessor.spec.image_size
-    out = model.visual.run(np.zeros((1, 3, size, size), dtype=np.float32))
-    if out.shape != (1, dim) or not np.isfinite(out).all():
-        log.warning(
-            "image tower returned %s (finite: %s), expected (1, %d)",
-            out.shape,
-            np.isfinite(out).all(),
-            dim,
-        )
-        return False
-    if model.textual is not None:
-        tok = model.textual.tokenizer
-        out = model.textual.run([[tok.sot_id, tok.eot_id]])
-        if out.shape != (1, dim) or not np.isfinite(out).all():
-            log.warning("text tower returned %s, expected (1, %d)", out.shape, dim)
-            return False
-    return True
-
-
-def _space_changed(old: ModelIdentity, new: ModelIdentity) -> bool:
-    return (old.name, old.sha256, old.embedding_dim) != (new.name, new.sha256, new.embedding_dim)
-
-
-def _check_same_space(old: ModelIdentity, new: ModelIdentity, config: PluginConfig) -> None:
-    """Strict mode (``allow_embedding_space_change: false``) refuses a change of space."""
-    if config.allow_embedding_space_change:
-        return
-    raise ModelMismatchError(
-        f"reload would change the embedding space ({old.model_id}, dim {old.embedding_dim} → "
-        f"{new.model_id}, dim {new.embedding_dim}): vectors stored so far would no longer be "
-        "comparable; set allow_embedding_space_change to true and re-index"
-    )
-
 
 def _workers(config: PluginConfig) -> int:
     return config.preprocess_workers or min(4, os.cpu_count() or 1)
-
-
-def _translate(exc: BaseException) -> BaseException:
-    if isinstance(exc, ThemisClipError):
-        return exc
-    log.exception("unexpected error while embedding", exc_info=exc)
-    return InferenceError(f"unexpected {type(exc).__name__}: {exc}")
 
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, ThemisClipError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0

@@ -6,6 +6,10 @@ then *proven* by creating the session and reading ``session.get_providers()``: O
 silently drops a GPU provider that fails to initialise, and we never let that become a silent
 CPU fallback for an explicitly requested GPU backend. ``AUTO`` walks its plans in the seed's
 order (CUDA → TensorRT → DirectML → CPU) and keeps the first that really holds.
+
+
+Size: the one home of onnxruntime (provider plans, session options, the optimised-model cache,
+sessions and the exporter's fp16/int8 tools); splitting it would make two onnxruntime seams.
 """
 
 from __future__ import annotations

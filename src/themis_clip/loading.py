@@ -1,0 +1,212 @@
+"""Loading a model: resolve its directory, verify its digest, plan providers, open sessions.
+
+``load_model`` is what ``ClipModel.load`` runs: the model directory (ours or a peer's) becomes a
+:class:`~themis_clip.models.spec.ModelSpec`; the session source is the file or its
+memory-mappable copy; the provider plans are tried best first; the embedding dimension and the
+image specification are resolved from the graph, the manifest and the configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from themis_clip.config import PluginConfig
+from themis_clip.engine import ClipModel, ModelIdentity, TextualTower, VisualTower
+from themis_clip.errors import BackendUnavailableError, ModelFormatError, ModelMismatchError
+from themis_clip.interface import BackendType
+from themis_clip.models.external_data import MappingUnavailable, mapped_model
+from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.models.layout import model_identity_digest, resolve_model
+from themis_clip.models.spec import ImageSpec, ModelSpec
+from themis_clip.preprocess.image import ImagePreprocessor
+from themis_clip.preprocess.text import CLIPTokenizer
+from themis_clip.runtime import (
+    ORTSession,
+    SessionSettings,
+    available_providers,
+    create_session,
+    plan_providers,
+)
+
+__all__ = ["load_model"]
+
+log = logging.getLogger(__name__)
+
+
+def load_model(
+    config: PluginConfig,
+    backend: BackendType,
+    *,
+    available: Sequence[str] | None = None,
+    hash_fn: HashFunction = sha256_file,
+    session_factory: Callable[..., ORTSession] = create_session,
+) -> ClipModel:
+    """Resolve, verify and load ``config.model`` on ``backend``.
+
+    Raises:
+        ModelError (and subclasses), BackendUnavailableError, ConfigError.
+    """
+    mc = config.model
+    spec = resolve_model(
+        mc.path,
+        name=mc.name,
+        text_path=mc.text_path,
+        tokenizer_path=mc.tokenizer_path,
+        variant=mc.variant,
+    )
+    digest = model_identity_digest(spec, mc.expected_sha256, hash_fn)
+    settings = SessionSettings(
+        intra_op_threads=config.intra_op_threads,
+        device_id=config.device_id,
+        tensorrt_cache_dir=config.tensorrt.cache_dir,
+        tensorrt_fp16=config.tensorrt.fp16,
+        optimization_level=config.session.optimization_level,
+        optimized_cache_dir=config.session.optimized_model_cache_dir,
+        cpu_mem_arena=config.session.cpu_mem_arena,
+        allow_spinning=config.session.allow_spinning,
+    )
+    plans = plan_providers(
+        backend,
+        available if available is not None else available_providers(),
+        settings=settings,
+    )
+    sources = {
+        tower: _session_source(path, mc.enable_mmap_loading, mc.mmap_cache_dir, hash_fn)
+        for tower, path in (("visual", spec.visual_path), ("textual", spec.textual_path))
+        if path is not None
+    }
+    load_path, mode, note = sources["visual"]
+    prepack = config.prepack_weights if config.prepack_weights is not None else mode != "mmap"
+    settings = replace(settings, prepack_weights=prepack)
+    visual_session: ORTSession | None = None
+    failures: list[str] = []
+    for plan in plans:
+        try:
+            visual_session = session_factory(
+                load_path, plan, settings, loading_mode=mode, name=spec.visual_path.name
+            )
+        except BackendUnavailableError as exc:
+            failures.append(str(exc))
+            log.warning("backend %s unusable: %s", plan.backend.value, exc)
+            continue
+        if plan.note:
+            log.warning("%s", plan.note)
+        chosen = plan
+        break
+    if visual_session is None:
+        raise BackendUnavailableError("; ".join(failures) or "no execution provider usable")
+    sessions = [visual_session]
+    try:
+        visual = VisualTower(visual_session, config.max_batch_size)
+        textual = None
+        if spec.textual_path is not None and spec.tokenizer_path is not None:
+            tokenizer = CLIPTokenizer(
+                spec.tokenizer_path, context_length=spec.context_length, pad_id=spec.pad_id
+            )
+            t_path, t_mode, t_note = sources["textual"]
+            note = note or t_note
+            text_session = session_factory(
+                t_path, chosen, settings, loading_mode=t_mode, name=spec.textual_path.name
+            )
+            sessions.append(text_session)
+            textual = TextualTower(text_session, tokenizer, config.max_batch_size)
+        dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
+        image_spec = _resolve_image_spec(spec, config, visual)
+        try:
+            preprocessor = ImagePreprocessor(
+                image_spec,
+                apply_exif=config.preprocess.apply_exif,
+                max_image_pixels=config.preprocess.max_image_pixels,
+                decode_mode=config.preprocess.decode_mode,
+            )
+        except ValueError as exc:
+            raise ModelFormatError(f"{spec.root}: {exc}") from exc
+    except BaseException:
+        for s in sessions:
+            s.close()
+        raise
+    identity = ModelIdentity(name=spec.name, sha256=digest, embedding_dim=dim)
+    log.info(
+        "model %s ready: dim %d, image %d px, backend %s, text tower %s",
+        identity.model_id,
+        dim,
+        image_spec.image_size,
+        visual.session.backend.value,
+        "yes" if textual else "no",
+    )
+    model = ClipModel(
+        spec=spec,
+        identity=identity,
+        visual=visual,
+        textual=textual,
+        preprocessor=preprocessor,
+        config=config,
+    )
+    model.loading_note = note
+    return model
+
+
+def _session_source(
+    path: Path, mmap: bool, cache_dir: str | None, hash_fn: HashFunction
+) -> tuple[Path, str, str | None]:
+    """What ONNX Runtime should load for ``path``: ``(file, loading mode, fallback reason)``."""
+    if not mmap:
+        return path, "path", None
+    cache_root = Path(cache_dir) if cache_dir else path.parent / ".themis-mmap"
+    try:
+        return mapped_model(path, hash_fn(path), cache_root), "mmap", None
+    except MappingUnavailable as exc:
+        reason = f"memory-mapped loading unavailable for {path.name}, loaded from path: {exc}"
+        log.warning("%s", reason)
+        return path, "path", reason
+
+
+def _resolve_dim(
+    spec: ModelSpec, declared: int | None, visual: VisualTower, textual: TextualTower | None
+) -> int:
+    graph_dims = {d for d in (visual.output_dim, textual.output_dim if textual else None) if d}
+    if len(graph_dims) > 1:
+        raise ModelMismatchError(
+            f"image and text towers disagree on the embedding dimension: {sorted(graph_dims)}"
+        )
+    graph_dim = graph_dims.pop() if graph_dims else None
+    probe_dim = graph_dim
+    if probe_dim is None:  # dynamic output axis: run one zero input to learn it
+        size = visual.graph_image_size or spec.image.image_size
+        out = visual.run(np.zeros((1, 3, size, size), dtype=np.float32))
+        probe_dim = int(out.shape[1])
+    for source, value in (
+        ("model.embedding_dim", declared),
+        ("manifest embedding_dim", spec.embedding_dim),
+    ):
+        if value is not None and value != probe_dim:
+            raise ModelMismatchError(
+                f"{source} is {value} but the model outputs {probe_dim}-dimensional embeddings"
+            )
+    return probe_dim
+
+
+def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> ImageSpec:
+    pre = config.preprocess
+    image = spec.image
+    declares_size = spec.layout in ("themis", "immich", "transformers.js")
+    if not declares_size and visual.graph_image_size and pre.image_size is None:
+        image = replace(image, image_size=visual.graph_image_size)
+    image = replace(
+        image,
+        image_size=pre.image_size or image.image_size,
+        mean=pre.mean or image.mean,
+        std=pre.std or image.std,
+        resize_mode=pre.resize_mode or image.resize_mode,
+    )
+    if visual.graph_image_size and visual.graph_image_size != image.image_size:
+        raise ModelMismatchError(
+            f"image size {image.image_size} does not match the image tower's fixed input "
+            f"{visual.graph_image_size}x{visual.graph_image_size}"
+        )
+    return image
