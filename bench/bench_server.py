@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +24,10 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from make_models import ensure
+
+from tests.helpers import ServerProcess
 
 OFFLINE = r"""
 import sys, time, json, glob
@@ -103,40 +104,23 @@ def main() -> None:
             check=True,
         ).stdout
     )["img_s"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    exe = str(Path(sys.executable).parent / "themis-clip")
-    server = subprocess.Popen(
+    server = ServerProcess(  # the tests' helper: a real `themis-clip serve` on a port it binds
         [
-            exe,
-            "serve",
-            "--port",
-            str(port),
             "--model",
             str(model),
             "--batch-size",
             str(args.batch),
             "--max-queue-delay-ms",
             "10",
-        ],
-        stderr=subprocess.PIPE,
-        env={**os.environ},
+        ]
     )
-    base = f"http://127.0.0.1:{port}"
+    base = server.base
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
         asyncio.run(drive(base, data, args.clients, 3))  # warm connections and batches
         n, lat, failures = asyncio.run(drive(base, data, args.clients, args.seconds))
         stats = httpx.get(f"{base}/stats").json()
     finally:
-        server.terminate()
-        server.wait(60)
+        server.__exit__()
     online = n / args.seconds
     result = {
         "offline_img_s": offline,

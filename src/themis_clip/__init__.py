@@ -10,7 +10,6 @@ from themis_clip.config import (
     SessionConfig,
     TensorRTConfig,
 )
-from themis_clip.engine import ModelIdentity
 from themis_clip.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -58,7 +57,7 @@ from themis_clip.registry import (
     load_backend,
 )
 from themis_clip.resources import demo_model_path
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, DecodeMode, ResizeMode
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, DecodeMode, ModelIdentity, ResizeMode
 
 __all__ = [
     "CLIP_MEAN",

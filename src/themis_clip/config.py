@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from themis_clip import jsonio
 from themis_clip.errors import ConfigError
 from themis_clip.vocabulary import (
     CLIP_MEAN,
@@ -245,7 +245,7 @@ class PluginConfig:
     ) -> PluginConfig:
         """Parse the seed's JSON text. Relative model paths resolve against ``base_dir``."""
         try:
-            data = json.loads(text)
+            data = jsonio.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ConfigError(f"not valid JSON: {exc}") from exc
         return cls.from_dict(data, base_dir=base_dir)
@@ -420,7 +420,7 @@ class _Reader:
         if (
             not isinstance(value, list | tuple)
             or len(value) != 3
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+            or not all(jsonio.is_number(v) for v in value)
             or not all(math.isfinite(v) for v in value)
             or (positive and not all(v > 0 for v in value))
         ):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from themis_clip.runtime import (
     ORTSession,
     create_session,
 )
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["ClipModel", "TextualTower", "VisualTower", "l2_normalize"]
 
@@ -197,19 +197,6 @@ def _check_shape(
             f"{session.name} returned shape {out.shape}, expected [{n}, embedding_dim]"
         )
     return out
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelIdentity:
-    """What makes two models' vectors comparable: name, content digest, dimension."""
-
-    name: str
-    sha256: str
-    embedding_dim: int
-
-    @property
-    def model_id(self) -> str:
-        return f"{self.name}@{self.sha256[:12]}"
 
 
 class ClipModel:

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from themis_clip.config import PluginConfig
-from themis_clip.engine import ClipModel, ModelIdentity
+from themis_clip.engine import ClipModel
 from themis_clip.errors import ModelMismatchError
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = [
     "PluginState",

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from themis_clip.config import PluginConfig
-from themis_clip.engine import ClipModel, ModelIdentity, TextualTower, VisualTower
+from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import BackendUnavailableError, ModelFormatError, ModelMismatchError
 from themis_clip.interface import BackendType
 from themis_clip.models.external_data import MappingUnavailable, mapped_model
@@ -32,6 +32,7 @@ from themis_clip.runtime import (
     create_session,
     plan_providers,
 )
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["load_model"]
 

@@ -42,7 +42,7 @@ import numpy.typing as npt
 
 from themis_clip._version import __version__
 from themis_clip.config import PluginConfig
-from themis_clip.engine import ClipModel, ModelIdentity
+from themis_clip.engine import ClipModel
 from themis_clip.errors import (
     ConfigError,
     InferenceError,
@@ -71,6 +71,7 @@ from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.pipeline import elapsed_ms, embed_images, embed_texts, translate
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["OnnxClipPlugin", "PluginState", "ReloadReport"]
 

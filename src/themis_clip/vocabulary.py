@@ -8,6 +8,7 @@ import each other.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 __all__ = [
     "CLIP_MEAN",
@@ -16,6 +17,7 @@ __all__ = [
     "OPTIMIZATION_LEVELS",
     "BackendType",
     "DecodeMode",
+    "ModelIdentity",
     "ResizeMode",
 ]
 
@@ -65,3 +67,29 @@ class DecodeMode(enum.StrEnum):
 
     EXACT = "exact"
     FAST = "fast"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelIdentity:
+    """What makes two models' vectors comparable: name, content digest, dimension.
+
+    The one identity type: the plugin reports it, an index records and enforces it.
+    """
+
+    name: str
+    sha256: str
+    embedding_dim: int
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.sha256[:12]}"
+
+    @property
+    def dim(self) -> int:
+        """Short name of ``embedding_dim`` (the index's)."""
+        return self.embedding_dim
+
+    @classmethod
+    def from_model_id(cls, model_id: str, *, sha256: str, dim: int) -> ModelIdentity:
+        """From a ``name@digest`` id (as indexes and Parquet outputs record it)."""
+        return cls(name=model_id.rsplit("@", 1)[0], sha256=sha256, embedding_dim=dim)

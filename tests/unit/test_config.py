@@ -185,3 +185,25 @@ def test_raw_is_lossless_and_dotted_access_works() -> None:
     assert config.get("model.expected_sha256") == "a" * 64
     assert config.get("model.nope", 5) == 5 and config.get("backend.deeper") is None
     assert config.has("session.allow_spinning") and not config.has("session.nope")
+
+
+def test_one_strict_json_rule_for_config_manifest_and_peers(tmp_path: Path) -> None:
+    from themis_clip.errors import ModelFormatError
+    from themis_clip.models.layout import resolve_model
+
+    for text in ('{"model": {"path": "/m"}, "drain_timeout_s": NaN}', '{"model": {}, "model": {}}'):
+        with pytest.raises(ConfigError, match="not valid JSON"):
+            PluginConfig.from_json(text)
+    with pytest.raises(ConfigError, match="preprocess.mean"):
+        PluginConfig.from_dict({"model": {"path": "/m"}, "preprocess": {"mean": [True, 0.5, 0.5]}})
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "visual.onnx").write_bytes(b"x")
+    base = '{"format": "themis-clip-model", "format_version": 1, "visual": {%s}}'
+    for body, why in (
+        ('"mean": [true, 0.5, 0.5]', "three numbers"),
+        ('"mean": [NaN, 0.5, 0.5]', "NaN"),
+    ):
+        (model / "manifest.json").write_text(base % body)
+        with pytest.raises(ModelFormatError, match=why):
+            resolve_model(str(model))

@@ -9,10 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from themis_clip.config import ModelConfig, PluginConfig
-from themis_clip.index.search import ModelStamp
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.resources import demo_model_path
+from themis_clip.vocabulary import ModelIdentity
 
 DEFAULT_INDEX = "themis-index.db"
 
@@ -54,12 +54,10 @@ def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:
     return plugin
 
 
-def stamp_of(plugin: OnnxClipPlugin) -> ModelStamp:
+def stamp_of(plugin: OnnxClipPlugin) -> ModelIdentity:
     identity = plugin.model_identity
     assert identity is not None
-    return ModelStamp(
-        model_id=identity.model_id, sha256=identity.sha256, dim=identity.embedding_dim
-    )
+    return identity
 
 
 def progress_bar(desc: str, *, unit: str = "img") -> tuple[Callable[[int, int], None], Any]:

@@ -9,8 +9,9 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import IndexModelMismatchError
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.store import ItemRow
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["check_origin", "import_embeddings"]
 
@@ -19,7 +20,7 @@ _CHUNK = 10_000
 
 def check_origin(
     rows: Sequence[tuple[str, str, npt.NDArray[np.float32]]],
-    stamp: ModelStamp,
+    stamp: ModelIdentity,
     *,
     source: str = "the input",
 ) -> None:
@@ -35,7 +36,7 @@ def check_origin(
 def import_embeddings(
     index: VectorIndex,
     rows: Sequence[tuple[str, str, npt.NDArray[np.float32]]],
-    stamp: ModelStamp,
+    stamp: ModelIdentity,
     *,
     source: str = "the input",
 ) -> int:

@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.store import ItemRow
 from themis_clip.interface import EmbeddingResult, ImageData
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -88,7 +89,7 @@ def index_folder(
     folder: Path,
     embedder: ImageEmbedder,
     *,
-    stamp: ModelStamp,
+    stamp: ModelIdentity,
     chunk: int = 128,
     progress: Progress | bool | None = None,
 ) -> IndexReport:

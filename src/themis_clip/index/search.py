@@ -33,6 +33,7 @@ import numpy.typing as npt
 from themis_clip.errors import IndexModelMismatchError
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.store import IndexStore
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["EXACT_THRESHOLD", "Hit", "ModelStamp", "VectorIndex", "top_k"]
 
@@ -42,13 +43,9 @@ log = logging.getLogger(__name__)
 EXACT_THRESHOLD = 200_000
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelStamp:
-    """What an index records about the model that made its vectors."""
-
-    model_id: str
-    sha256: str
-    dim: int
+def ModelStamp(*, model_id: str, sha256: str, dim: int) -> ModelIdentity:  # noqa: N802
+    """The index's former name for the model identity (kept for callers of earlier versions)."""
+    return ModelIdentity.from_model_id(model_id, sha256=sha256, dim=dim)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,15 +133,15 @@ class VectorIndex:
     # -- model identity ------------------------------------------------------------------------
 
     @property
-    def stamp(self) -> ModelStamp | None:
+    def stamp(self) -> ModelIdentity | None:
         meta = self.store.meta()
         if "model_id" not in meta:
             return None
-        return ModelStamp(
-            model_id=meta["model_id"], sha256=meta["model_sha256"], dim=int(meta["dim"])
+        return ModelIdentity.from_model_id(
+            meta["model_id"], sha256=meta["model_sha256"], dim=int(meta["dim"])
         )
 
-    def bind_model(self, stamp: ModelStamp) -> None:
+    def bind_model(self, stamp: ModelIdentity) -> None:
         """Record ``stamp`` on an empty index, or check it against the recorded one."""
         current = self.stamp
         if current is None:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from themis_clip import jsonio
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
 from themis_clip.models.peers import detect_peer_layout
@@ -156,7 +157,7 @@ def model_identity_digest(
 
 def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> ModelSpec:
     try:
-        data = json.loads(manifest.read_bytes())
+        data = jsonio.loads(manifest.read_bytes())
     except (OSError, ValueError) as exc:
         raise ModelFormatError(f"cannot read {manifest}: {exc}") from exc
     m = _Fields(data, manifest)
@@ -243,9 +244,7 @@ class _Fields:
         if value is None:
             return None
         if not (
-            isinstance(value, list)
-            and len(value) == 3
-            and all(isinstance(v, int | float) for v in value)
+            isinstance(value, list) and len(value) == 3 and all(jsonio.is_number(v) for v in value)
         ):
             raise self._fail(key, f"must be three numbers, got {value!r}")
         return (float(value[0]), float(value[1]), float(value[2]))

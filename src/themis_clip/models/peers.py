@@ -22,11 +22,11 @@ is loaded image-only unless ``model.tokenizer_path`` names one.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from themis_clip import jsonio
 from themis_clip.errors import ModelFormatError
 from themis_clip.models.spec import ImageSpec, ModelSpec
 from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
@@ -52,7 +52,7 @@ def _json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = jsonio.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelFormatError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):

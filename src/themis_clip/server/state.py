@@ -18,12 +18,13 @@ from fastapi import Depends, Request
 
 from themis_clip.batching import MicroBatcher
 from themis_clip.errors import NotReadyError
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import APIError
 from themis_clip.server.metrics import Metrics
 from themis_clip.server.settings import ServerSettings
+from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["AppState", "StateDep", "get_state"]
 
@@ -76,13 +77,11 @@ class AppState:
             raise APIError(404, "NoIndex", "this server has no index (start it with --index PATH)")
         return self.index
 
-    def stamp(self) -> ModelStamp:
+    def stamp(self) -> ModelIdentity:
         identity = self.plugin.model_identity
         if identity is None:
             raise NotReadyError("the model is not loaded")
-        return ModelStamp(
-            model_id=identity.model_id, sha256=identity.sha256, dim=identity.embedding_dim
-        )
+        return identity
 
 
 def get_state(request: Request) -> AppState:

@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
-from themis_clip.engine import ModelIdentity
 from themis_clip.errors import IndexModelMismatchError
 from themis_clip.server.errors import APIError, validation_message
 from themis_clip.server.schemas import ReloadRequest
 from themis_clip.server.state import AppState, StateDep, get_state
+from themis_clip.vocabulary import ModelIdentity
 
 
 def require_admin(request: Request, state: AppState = Depends(get_state)) -> None:  # noqa: B008
