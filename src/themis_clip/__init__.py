@@ -45,6 +45,7 @@ from themis_clip.interface import (
     ImageMetadata,
     PluginCapabilities,
     PluginInfo,
+    ReloadableBackend,
     SegmentationResult,
 )
 from themis_clip.plugin import OnnxClipPlugin, PluginState, ReloadReport
@@ -99,6 +100,7 @@ __all__ = [
     "PluginState",
     "PreprocessConfig",
     "ReloadReport",
+    "ReloadableBackend",
     "ResizeMode",
     "SearchIndexError",
     "SegmentationResult",

@@ -7,7 +7,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ __all__ = [
     "ImageMetadata",
     "PluginCapabilities",
     "PluginInfo",
+    "ReloadableBackend",
     "SegmentationResult",
 ]
 
@@ -404,3 +405,16 @@ class ImageAnalysisBackend(ABC):
     def warmup(self) -> Mapping[str, float]:
         """Default as in the header: nothing to do (returns no timings)."""
         return {}
+
+
+@runtime_checkable
+class ReloadableBackend(Protocol):
+    """A backend that also swaps its model in place (``OnnxClipPlugin`` is one).
+
+    Not in ThemisDB's header (the seed's §9.1 adds it): check with
+    ``isinstance(backend, ReloadableBackend)`` before calling.
+    """
+
+    def reload_model(self, new_config: PluginConfig) -> bool: ...
+
+    def generate_text_embedding_batch(self, texts: Sequence[str]) -> list[EmbeddingResult]: ...

@@ -32,7 +32,7 @@ from themis_clip.runtime import (
     create_session,
     plan_providers,
 )
-from themis_clip.vocabulary import ModelIdentity
+from themis_clip.vocabulary import Layout, LoadingMode, ModelIdentity
 
 __all__ = ["load_model"]
 
@@ -82,7 +82,9 @@ def load_model(
         if path is not None
     }
     load_path, mode, note = sources["visual"]
-    prepack = config.prepack_weights if config.prepack_weights is not None else mode != "mmap"
+    prepack = (
+        config.prepack_weights if config.prepack_weights is not None else mode != LoadingMode.MMAP
+    )
     settings = replace(settings, prepack_weights=prepack)
     visual_session: ORTSession | None = None
     failures: list[str] = []
@@ -157,14 +159,14 @@ def _session_source(
 ) -> tuple[Path, str, str | None]:
     """What ONNX Runtime should load for ``path``: ``(file, loading mode, fallback reason)``."""
     if not mmap:
-        return path, "path", None
+        return path, LoadingMode.PATH, None
     cache_root = Path(cache_dir) if cache_dir else path.parent / ".themis-mmap"
     try:
-        return mapped_model(path, hash_fn(path), cache_root), "mmap", None
+        return mapped_model(path, hash_fn(path), cache_root), LoadingMode.MMAP, None
     except MappingUnavailable as exc:
         reason = f"memory-mapped loading unavailable for {path.name}, loaded from path: {exc}"
         log.warning("%s", reason)
-        return path, "path", reason
+        return path, LoadingMode.PATH, reason
 
 
 def _resolve_dim(
@@ -195,7 +197,7 @@ def _resolve_dim(
 def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> ImageSpec:
     pre = config.preprocess
     image = spec.image
-    declares_size = spec.layout in ("themis", "immich", "transformers.js")
+    declares_size = spec.layout in (Layout.THEMIS, Layout.IMMICH, Layout.TRANSFORMERS_JS)
     if not declares_size and visual.graph_image_size and pre.image_size is None:
         image = replace(image, image_size=visual.graph_image_size)
     image = replace(

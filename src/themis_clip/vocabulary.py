@@ -17,6 +17,8 @@ __all__ = [
     "OPTIMIZATION_LEVELS",
     "BackendType",
     "DecodeMode",
+    "Layout",
+    "LoadingMode",
     "ModelIdentity",
     "ResizeMode",
 ]
@@ -60,6 +62,24 @@ class ResizeMode(enum.StrEnum):
     SHORTEST = "shortest"  # OpenAI CLIP: shortest side to S, centre crop S×S
     SQUASH = "squash"  # both sides to S, aspect ratio not kept (SigLIP)
     LONGEST = "longest"  # longest side to S, pad to S×S with the fill colour
+
+
+class Layout(enum.StrEnum):
+    """Which model-directory layout a model was read from (``ModelSpec.layout``)."""
+
+    FILE = "file"  # a bare image-tower .onnx (plus optional text tower and tokenizer)
+    THEMIS = "themis"  # this project's manifest.json layout
+    IMMICH = "immich"
+    TRANSFORMERS_JS = "transformers.js"
+    CLIP_AS_SERVICE = "clip-as-service"
+    LAKERA = "lakera"
+
+
+class LoadingMode(enum.StrEnum):
+    """How ONNX Runtime reads a tower: from its file, or a memory-mapped weights cache."""
+
+    PATH = "path"
+    MMAP = "mmap"
 
 
 class DecodeMode(enum.StrEnum):

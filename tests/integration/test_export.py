@@ -167,19 +167,20 @@ def test_external_data_export(checkpoint: Path, exported: Path, tmp_path: Path) 
     assert "visual.onnx.data" in (p.last_error or "")
 
 
-def test_cli_export_and_verify(checkpoint: Path, tmp_path: Path) -> None:
+def test_cli_export_and_verify(checkpoint: Path, exported: Path, tmp_path: Path) -> None:
     exe = str(Path(sys.executable).parent / "themis-clip")
     out = tmp_path / "cli-model"
-    run = subprocess.run(
-        [exe, "export", str(checkpoint), str(out), "--precision", "fp32,int8", "--name", "tiny"],
+    run = subprocess.run(  # the CLI's own export (fp32 only: the variants are the fixture's)
+        [exe, "export", str(checkpoint), str(out), "--name", "tiny"],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr
     assert "exported tiny: 32-d, 48 px" in run.stdout
-    run = subprocess.run(
-        [exe, "verify", str(out), "--reference", str(checkpoint)],
+    assert (out / "visual.onnx").is_file() and not (out / "visual.int8.onnx").exists()
+    run = subprocess.run(  # verify the fixture's export (fp32, fp16, int8): built once
+        [exe, "verify", str(exported), "--reference", str(checkpoint)],
         capture_output=True,
         text=True,
         timeout=600,

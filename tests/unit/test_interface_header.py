@@ -393,3 +393,11 @@ def test_image_metadata_orientation_and_format_hint(
     assert opened == [["JPEG"], None] and wrong.ok
     assert np.array_equal(wrong.embedding, hinted.embedding)
     plugin.shutdown()
+
+
+def test_a_loaded_backend_can_be_asked_for_text_and_reloads() -> None:
+    from themis_clip import ReloadableBackend, load_backend
+
+    backend = load_backend("onnx_clip")
+    assert isinstance(backend, ImageAnalysisBackend) and isinstance(backend, ReloadableBackend)
+    assert callable(backend.generate_text_embedding)

@@ -30,7 +30,7 @@ from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
 from themis_clip.models.peers import detect_peer_layout
 from themis_clip.models.spec import ImageSpec, ModelSpec
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -95,7 +95,7 @@ def resolve_model(
             tokenizer = textual.parent / "tokenizer.json"
         spec = ModelSpec(
             name=name or root.stem,
-            layout="file",
+            layout=Layout.FILE,
             root=root.parent,
             visual_path=root,
             textual_path=textual,
@@ -105,7 +105,7 @@ def resolve_model(
         if file is not None and not file.is_file():
             raise ModelNotFoundError(f"model file not found: {file}")
     if spec.textual_path is not None and spec.tokenizer_path is None:
-        if spec.layout in ("file", "themis"):
+        if spec.layout in (Layout.FILE, Layout.THEMIS):
             raise ModelFormatError(
                 f"text tower {spec.textual_path} has no tokenizer.json beside it"
             )
@@ -198,7 +198,7 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
     tokenizer = (textual.get("tokenizer", str) or "tokenizer.json") if textual.present else None
     return ModelSpec(
         name=name or m.get("name", str) or root.name,
-        layout="themis",
+        layout=Layout.THEMIS,
         root=root,
         visual_path=root / files["visual"],
         textual_path=root / files["textual"] if "textual" in files else None,

@@ -29,7 +29,7 @@ from typing import Any
 from themis_clip import jsonio
 from themis_clip.errors import ModelFormatError
 from themis_clip.models.spec import ImageSpec, ModelSpec
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
 
 __all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
 
@@ -110,7 +110,7 @@ def _immich(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     text_cfg: dict[str, Any] = cfg["text_cfg"] if isinstance(cfg.get("text_cfg"), dict) else {}
     return ModelSpec(
         name=name or root.name,
-        layout="immich",
+        layout=Layout.IMMICH,
         root=root,
         visual_path=root / "visual" / "model.onnx",
         textual_path=textual if textual.is_file() else None,
@@ -153,7 +153,7 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     size = _size(pre.get("crop_size") if crop else pre.get("size"), pre_path)
     return ModelSpec(
         name=name or cfg.get("_name_or_path") or root.name,
-        layout="transformers.js",
+        layout=Layout.TRANSFORMERS_JS,
         root=root,
         visual_path=visual,
         textual_path=textual if textual.is_file() else None,
@@ -178,7 +178,7 @@ def _clip_as_service(root: Path, variant: str | None, name: str | None) -> Model
     textual = root / "textual.onnx"
     return ModelSpec(
         name=name or root.name,
-        layout="clip-as-service",
+        layout=Layout.CLIP_AS_SERVICE,
         root=root,
         visual_path=root / "visual.onnx",
         textual_path=textual if textual.is_file() else None,
@@ -193,7 +193,7 @@ def _lakera(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     textual = root / f"clip_text_model_{tag}.onnx"
     return ModelSpec(
         name=name or f"lakera-{tag}",
-        layout="lakera",
+        layout=Layout.LAKERA,
         root=root,
         visual_path=visual,
         textual_path=textual if textual.is_file() else None,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, ResizeMode
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
 
 __all__ = ["ImageSpec", "ModelSpec"]
 
@@ -44,7 +44,7 @@ class ModelSpec:
     """
 
     name: str
-    layout: str
+    layout: Layout
     root: Path
     visual_path: Path
     textual_path: Path | None = None
