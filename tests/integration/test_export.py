@@ -18,6 +18,7 @@ from tests.helpers import photo_like  # noqa: E402
 from themis_clip import OnnxClipPlugin, PluginConfig  # noqa: E402
 from themis_clip.export.hf import create_random_checkpoint, export_hf_checkpoint, load_reference  # noqa: E402
 from themis_clip.export.tokenizer import build_clip_tokenizer  # noqa: E402
+from themis_clip.export.verify import verify_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -203,3 +204,51 @@ def test_cli_export_and_verify(checkpoint: Path, exported: Path, tmp_path: Path)
         timeout=60,
     )
     assert bad.returncode == 2 and "no config.json" in bad.stderr
+
+
+def test_int8_is_batch_independent_and_dynamic_int8_is_an_explicit_choice(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "q"
+    export_hf_checkpoint(checkpoint, out, precisions=["fp32", "int8", "int8-dynamic"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["variants"]) == {"int8", "int8-dynamic"}
+    assert "built-in synthetic set" in manifest["calibration"]["int8"]
+    rows = {(r.variant, r.modality): r for r in verify_model(out, checkpoint)}
+    for modality in ("image", "text"):
+        assert rows[("int8", modality)].batch_independent, modality
+        assert rows[("int8", modality)].cosine_to_fp32 >= 0.99
+        assert rows[("fp32", modality)].batch_independent
+    # The same image alone and among different batch-mates of several sizes: the same bits.
+    plugin = OnnxClipPlugin()
+    assert plugin.initialize(
+        PluginConfig.from_dict({"model": {"path": str(out), "variant": "int8"}})
+    )
+    rng = np.random.default_rng(5)
+    probe = rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)
+    alone = plugin.generate_embedding(probe).embedding
+    for n in (2, 7, 32):
+        mates = [rng.integers(0, 256, (50 + i, 70, 3), dtype=np.uint8) for i in range(n - 1)]
+        batch = plugin.generate_embedding_batch([*mates[: n // 2], probe, *mates[n // 2 :]])
+        assert np.array_equal(batch[n // 2].embedding, alone), n
+    plugin.shutdown()
+
+
+def test_int8_calibration_folder(checkpoint: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from themis_clip.export.quantize import add_int8_variant
+
+    out = tmp_path / "m"
+    export_hf_checkpoint(checkpoint, out, precisions=["fp32"])
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(6):
+        Image.fromarray(photo_like(90, 70, i)).save(photos / f"{i}.jpg")
+    (photos / "broken.jpg").write_bytes(b"not an image")  # skipped with a warning, not fatal
+    assert add_int8_variant(out, calibration=photos).startswith("7 images from photos")
+    assert (out / "visual.int8.onnx").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="no images"):
+        add_int8_variant(out, calibration=empty)

@@ -16,7 +16,16 @@ def register(sub: Any) -> None:
         help="transformers CLIPModel folder, or an open_clip/OpenAI .pt with --open-clip",
     )
     p.add_argument("out", help="model directory to write")
-    p.add_argument("--precision", default="fp32", help="comma-separated: fp32,fp16,int8")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        help="comma-separated: fp32,fp16,int8 (static, batch-independent),int8-dynamic",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="DIR",
+        help="images to calibrate int8 on (default: a built-in synthetic set, with a warning)",
+    )
     p.add_argument("--name", help="model name in the manifest (default: the checkpoint folder)")
     p.add_argument(
         "--open-clip", metavar="ARCH", help="checkpoint is open_clip's, e.g. ViT-B-32-quickgelu"
@@ -57,7 +66,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()):
         raise CLIError(f"{out} exists and is not empty")
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    if args.calibration and not Path(args.calibration).is_dir():
+        raise CLIError(f"--calibration {args.calibration}: not a folder")
     options: dict[str, Any] = {
+        "calibration": Path(args.calibration) if args.calibration else None,
         "precisions": precisions,
         "name": args.name,
         "external_data_threshold_bytes": int(args.external_data_threshold_mb * 2**20),
@@ -95,11 +107,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     _, verify = _export_modules()
     rows = verify.verify_model(Path(args.model_dir), Path(args.reference))
-    header = ("variant", "modality", "items", "min cosine", "max |diff|", "needed", "ok")
-    print("{:8} {:8} {:>5} {:>12} {:>11} {:>8}  {}".format(*header))
+    header = (
+        "variant",
+        "modality",
+        "items",
+        "min cosine",
+        "max |diff|",
+        "needed",
+        "to fp32",
+        "batch-indep.",
+        "ok",
+    )
+    print("{:12} {:8} {:>5} {:>12} {:>11} {:>8} {:>10} {:>12}  {}".format(*header))
     for r in rows:
         print(
-            f"{r.variant:8} {r.modality:8} {r.items:5d} {r.min_cosine:12.7f} "
-            f"{r.max_abs_diff:11.2e} {r.threshold:8.5f}  {'yes' if r.ok else 'NO'}"
+            f"{r.variant:12} {r.modality:8} {r.items:5d} {r.min_cosine:12.7f} "
+            f"{r.max_abs_diff:11.2e} {r.threshold:8.5f} {r.cosine_to_fp32:10.6f} "
+            f"{'yes' if r.batch_independent else 'no':>12}  {'yes' if r.ok else 'NO'}"
         )
     return 0 if all(r.ok for r in rows) else 1

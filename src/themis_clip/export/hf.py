@@ -10,7 +10,9 @@ Input: a local ``CLIPModel.save_pretrained`` folder (``config.json``, weights, t
                     context length, pad id, variants, SHA-256 of every file
 
 ``precisions`` adds ``fp16`` (weights and compute in half precision, inputs/outputs kept float32:
-for GPUs) and ``int8`` (ONNX Runtime dynamic quantisation: for CPUs) as manifest variants.
+for GPUs), ``int8`` (static quantisation calibrated once: batch-independent, for CPUs; see
+:mod:`themis_clip.export.quantize`) and ``int8-dynamic`` (ONNX Runtime's dynamic quantisation,
+batch-dependent, kept as an explicit choice) as manifest variants.
 Towers whose weights exceed ``external_data_threshold_bytes`` (2 GB by default, the protobuf
 limit) store them in ``<file>.data`` beside the graph.
 
@@ -48,7 +50,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")
 TWO_GB = 2 * 1024**3
 _OPSET = 18
 
@@ -99,8 +101,14 @@ def export_hf_checkpoint(
     name: str | None = None,
     external_data_threshold_bytes: int = TWO_GB,
     extra_manifest: dict[str, Any] | None = None,
+    calibration: Path | None = None,
 ) -> ExportReport:
-    """Export ``checkpoint`` into ``out_dir`` (created; must not hold another model)."""
+    """Export ``checkpoint`` into ``out_dir`` (created; must not hold another model).
+
+    ``int8`` is batch-independent static quantisation calibrated on the images in
+    ``calibration`` (or a built-in synthetic set, with a warning); ``int8-dynamic`` is ONNX
+    Runtime's dynamic quantisation, whose outputs depend on the batch.
+    """
     unknown = set(precisions) - set(PRECISIONS)
     if unknown or "fp32" not in precisions:
         raise ValueError(
@@ -148,7 +156,7 @@ def export_hf_checkpoint(
         timings["textual_s"] = time.perf_counter() - t0
     variants: dict[str, dict[str, str]] = {}
     for precision in precisions:
-        if precision == "fp32":
+        if precision in ("fp32", "int8"):  # int8 is calibrated on the finished fp32 model below
             continue
         t0 = time.perf_counter()
         variants[precision] = {}
@@ -177,6 +185,13 @@ def export_hf_checkpoint(
             **(extra_manifest or {}),
         },
     )
+    if "int8" in precisions:
+        from themis_clip.export.quantize import add_int8_variant
+
+        t0 = time.perf_counter()
+        calibrated_on = add_int8_variant(out_dir, calibration=calibration)
+        timings["int8_s"] = time.perf_counter() - t0
+        log.info("int8 calibrated on %s", calibrated_on)
     files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
     return ExportReport(
         out_dir=out_dir,
@@ -236,7 +251,7 @@ def _convert(source: Path, target: Path, precision: str, threshold: int) -> None
 
     if precision == "fp16":
         _save(to_float16(onnx.load(str(source))), target, threshold)
-    elif precision == "int8":
+    elif precision == "int8-dynamic":
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "q.onnx"
             quantize_int8_dynamic(source, out)

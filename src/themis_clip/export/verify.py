@@ -22,7 +22,7 @@ from themis_clip.plugin import OnnxClipPlugin
 
 __all__ = ["THRESHOLDS", "VerifyRow", "verify_model"]
 
-THRESHOLDS = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99}
+THRESHOLDS = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99, "int8-dynamic": 0.99}
 TEXTS = [
     "a red circle",
     "a small blue triangle on the left",
@@ -41,6 +41,8 @@ class VerifyRow:
     min_cosine: float
     max_abs_diff: float
     threshold: float
+    cosine_to_fp32: float = 1.0
+    batch_independent: bool = True
 
     @property
     def ok(self) -> bool:
@@ -74,6 +76,7 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
     reference = load_reference(checkpoint)
     images = _images()
     rows: list[VerifyRow] = []
+    fp32: dict[str, np.ndarray] = {}
     for variant in variants:
         plugin = OnnxClipPlugin()
         config = PluginConfig.from_dict({"model": {"path": str(model_dir), "variant": variant}})
@@ -83,6 +86,15 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
         pixels = np.stack([plugin.preprocess(i) for i in images])
         tokens = plugin.tokenize(TEXTS)
         got_txt = np.stack([r.embedding for r in plugin.generate_text_embedding_batch(TEXTS)])  # type: ignore[misc]
+        # Batch independence: each item alone must give the very bits it gave inside the batch.
+        alone_img = np.stack([plugin.generate_embedding(i).embedding for i in images])  # type: ignore[misc]
+        alone_txt = np.stack([plugin.generate_text_embedding(t).embedding for t in TEXTS])  # type: ignore[misc]
+        independent = {
+            "image": bool(np.array_equal(alone_img, got_img)),
+            "text": bool(np.array_equal(alone_txt, got_txt)),
+        }
+        if variant == "fp32":
+            fp32 = {"image": got_img, "text": got_txt}
         with torch.no_grad():
             ref_img = _features(reference.get_image_features(pixel_values=torch.from_numpy(pixels)))
             ref_txt = np.concatenate(
@@ -101,6 +113,8 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
                     min_cosine=float(cos.min()),
                     max_abs_diff=float(np.abs(got - ref).max()),
                     threshold=THRESHOLDS.get(variant, 0.99),
+                    cosine_to_fp32=float(np.sum(got * fp32[modality], axis=1).min()),
+                    batch_independent=independent[modality],
                 )
             )
         plugin.shutdown()
