@@ -45,12 +45,13 @@ def test_vectors_do_not_depend_on_batch_mates(
         json.dumps({"model": {"path": str(quantised), "variant": variant}, "max_batch_size": 16})
     )
     images = [png(i) for i in range(24)]
-    with ServerProcess(
-        ["--config", str(config), "--max-queue-delay-ms", "30", "--no-warmup"]
-    ) as server, httpx.Client(base_url=server.base, timeout=60) as c:
-        alone = [
-            np.asarray(c.post("/embed/image", content=d).json()["embedding"]) for d in images
-        ]
+    with (
+        ServerProcess(
+            ["--config", str(config), "--max-queue-delay-ms", "30", "--no-warmup"]
+        ) as server,
+        httpx.Client(base_url=server.base, timeout=60) as c,
+    ):
+        alone = [np.asarray(c.post("/embed/image", content=d).json()["embedding"]) for d in images]
         before = c.get("/stats").json()["batches"]
 
         def post(data: bytes) -> np.ndarray:
