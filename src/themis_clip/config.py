@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from themis_clip import jsonio
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import ConfigError
 from themis_clip.vocabulary import (
     CLIP_MEAN,

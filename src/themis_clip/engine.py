@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,13 +24,11 @@ from themis_clip.errors import (
     ModelFormatError,
 )
 from themis_clip.interface import BackendType
-from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.spec import ModelSpec
 from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.preprocess.text import CLIPTokenizer
 from themis_clip.runtime import (
     ORTSession,
-    create_session,
 )
 from themis_clip.vocabulary import ModelIdentity
 
@@ -246,27 +244,6 @@ class ClipModel:
         return self._closed
 
     # -- loading ------------------------------------------------------------------------------
-
-    @classmethod
-    def load(
-        cls,
-        config: PluginConfig,
-        backend: BackendType,
-        *,
-        available: Sequence[str] | None = None,
-        hash_fn: HashFunction = sha256_file,
-        session_factory: Callable[..., ORTSession] = create_session,
-    ) -> ClipModel:
-        """Resolve, verify and load ``config.model`` on ``backend`` (see :mod:`.loading`).
-
-        Raises:
-            ModelError (and subclasses), BackendUnavailableError, ConfigError.
-        """
-        from themis_clip.loading import load_model
-
-        return load_model(
-            config, backend, available=available, hash_fn=hash_fn, session_factory=session_factory
-        )
 
     def describe(self) -> dict[str, Any]:
         """What the model says about itself in the plugin's statistics."""

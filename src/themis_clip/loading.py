@@ -1,7 +1,7 @@
 """Loading a model: resolve its directory, verify its digest, plan providers, open sessions.
 
-``load_model`` is what ``ClipModel.load`` runs: the model directory (ours or a peer's) becomes a
-:class:`~themis_clip.models.spec.ModelSpec`; the session source is the file or its
+``load_model`` builds a :class:`~themis_clip.engine.ClipModel`: the model directory (ours or a
+peer's) becomes a :class:`~themis_clip.models.spec.ModelSpec`; the session source is the file or its
 memory-mappable copy; the provider plans are tried best first; the embedding dimension and the
 image specification are resolved from the graph, the manifest and the configuration.
 """

@@ -67,6 +67,7 @@ from themis_clip.interface import (
     PluginCapabilities,
     PluginInfo,
 )
+from themis_clip.loading import load_model
 from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.pipeline import elapsed_ms, embed_images, embed_texts, translate
 from themis_clip.runtime import ORTSession, create_session
@@ -592,7 +593,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
     # -- internals -----------------------------------------------------------------------------
 
     def _load(self, config: PluginConfig, backend: BackendType) -> ClipModel:
-        return ClipModel.load(
+        return load_model(
             config,
             backend,
             available=self._available,

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from themis_clip import jsonio
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
 from themis_clip.models.peers import detect_peer_layout

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from themis_clip import jsonio
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError
 from themis_clip.models.spec import ImageSpec, ModelSpec
 from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
