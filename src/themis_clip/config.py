@@ -220,8 +220,6 @@ class PluginConfig:
         assert isinstance(out, dict)
         return out
 
-    to_dict = raw
-
     def get(self, path: str, default: Any = None) -> Any:
         """The value at a dotted ``path`` of :meth:`raw` (``"model.path"``), else ``default``.
 

@@ -186,6 +186,8 @@ def _feeds(
                 log.warning("calibration image skipped: %s", exc)
         if not pixels:
             raise ValueError("no calibration image could be decoded")
+        if len(pixels) < len(images):  # the manifest must say what was really used
+            described += f" ({len(images) - len(pixels)} unreadable, skipped)"
         inputs = {
             tower: onnx.load(str(model_dir / file), load_external_data=False).graph.input[0].name
             for tower, file in towers.items()
