@@ -5,7 +5,13 @@ reaches ``max_batch_size``. The batch function runs in a worker thread (decoding
 inference never block the event loop), and up to ``max_concurrent_batches`` batches run at
 once, so the next batch decodes while the current one is in the session. The queue is
 bounded: beyond ``max_queue`` waiting items, :class:`QueueFullError` tells the caller to come
-back later instead of letting latency grow without limit.
+back later instead of letting latency grow without limit. A request's items are admitted all
+at once or not at all (:meth:`MicroBatcher.submit_many`): a request that could never fit is
+:class:`RequestTooLargeError`, one that does not fit now is :class:`QueueFullError`.
+
+A caller that stops waiting (its timeout passed, or its request was cancelled because the
+client went away) takes its items out of the queue: no batch decodes or embeds them for
+nobody (``BatcherStats.skipped``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from themis_clip.errors import ThemisClipError
+from themis_clip.errors import RequestTooLargeError, ThemisClipError
 
 __all__ = ["BatcherStats", "MicroBatcher", "QueueFullError"]
 
@@ -36,6 +42,8 @@ class QueueFullError(ThemisClipError):
 class BatcherStats:
     batches: int = 0
     items: int = 0
+    #: items dropped from the queue because their caller stopped waiting
+    skipped: int = 0
 
 
 @dataclass
@@ -106,17 +114,58 @@ class MicroBatcher(Generic[T, R]):
             QueueFullError: the queue holds ``max_queue`` items already.
             TimeoutError: no result within ``timeout_s``.
         """
+        (result,) = await self.submit_many([item], timeout_s=timeout_s)
+        return result
+
+    async def submit_many(self, items: Sequence[T], *, timeout_s: float | None = None) -> list[R]:
+        """Queue all ``items`` at once (or none) and wait for their results, in order.
+
+        Raises:
+            RequestTooLargeError: more items than the queue can ever hold (``max_queue``).
+            QueueFullError: not enough room now; retry after ``retry_after_s``.
+            TimeoutError: not every result within ``timeout_s`` (the unstarted rest is dropped).
+        """
         if self._closing:
             raise QueueFullError("the server is shutting down", retry_after_s=1.0)
-        if len(self._queue) >= self.max_queue:
+        if len(items) > self.max_queue:
+            raise RequestTooLargeError(
+                f"{len(items)} items in one request; this service queues at most "
+                f"{self.max_queue} at once (max_queue): split the request"
+            )
+        if len(self._queue) + len(items) > self.max_queue:
             retry = max(1.0, self._avg_batch_s * len(self._queue) / self.max_batch_size)
-            raise QueueFullError(f"queue full ({len(self._queue)} waiting)", retry_after_s=retry)
+            raise QueueFullError(
+                f"queue full ({len(self._queue)} of {self.max_queue} waiting, this request "
+                f"needs {len(items)})",
+                retry_after_s=retry,
+            )
         self.start()
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(item, future, time.monotonic()))
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        pending = [_Pending(item, loop.create_future(), now) for item in items]
+        self._queue.extend(pending)
         self._wakeup.set()
-        # shield: a timed-out caller stops waiting, the batch still completes for the others.
-        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        try:
+            # shield: a caller that stops waiting must not cancel a running batch's futures.
+            async with asyncio.timeout(timeout_s):
+                if len(pending) == 1:
+                    return [await asyncio.shield(pending[0].future)]
+                return list(await asyncio.gather(*(asyncio.shield(p.future) for p in pending)))
+        except BaseException:
+            self._abandon(pending)
+            raise
+
+    def _abandon(self, pending: list[_Pending[T, R]]) -> None:
+        """The caller stopped waiting: drop its items that no batch has taken yet."""
+        gone = {id(p) for p in pending if not p.future.done()}
+        if not gone:
+            return
+        before = len(self._queue)
+        self._queue = [p for p in self._queue if id(p) not in gone]
+        self.stats.skipped += before - len(self._queue)
+        for p in pending:
+            if not p.future.done():
+                p.future.cancel()
 
     async def _loop(self) -> None:
         while True:

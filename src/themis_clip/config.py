@@ -34,6 +34,7 @@ from themis_clip.vocabulary import (
     CLIP_MEAN,
     CLIP_STD,
     DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_PIXELS_IN_FLIGHT,
     OPTIMIZATION_LEVELS,
     BackendType,
     DecodeMode,
@@ -65,6 +66,10 @@ class PreprocessConfig:
     ``decode_mode``: ``"fast"`` (default: JPEG DCT scaling to no less than twice the model
     input before the resize, measured 3x faster on 12 MP photos with embedding cosine ≥ 0.999)
     or ``"exact"`` (the reference's full decode, bit-for-bit parity with OpenAI's transform).
+    ``max_pixels_in_flight``: decoded pixels that all concurrent decodes of the plugin may hold
+    at once (default 200,000,000, at least ``max_image_pixels``): a decode reserves its
+    image's declared size before allocating it and waits for room, so concurrency cannot
+    multiply a decompression bomb.
     """
 
     image_size: int | None = None
@@ -74,6 +79,24 @@ class PreprocessConfig:
     apply_exif: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     decode_mode: DecodeMode = DecodeMode.FAST
+    max_pixels_in_flight: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_pixels_in_flight is not None:
+            _check_positive(self.max_pixels_in_flight, "preprocess.max_pixels_in_flight")
+            if self.max_pixels_in_flight < self.max_image_pixels:
+                raise ConfigError(
+                    f"preprocess.max_pixels_in_flight ({self.max_pixels_in_flight}) must be at "
+                    f"least max_image_pixels ({self.max_image_pixels}): an image within the "
+                    "limit must be able to decode"
+                )
+
+    @property
+    def pixel_budget(self) -> int:
+        """The budget in force: the setting, or the default raised to ``max_image_pixels``."""
+        if self.max_pixels_in_flight is not None:
+            return self.max_pixels_in_flight
+        return max(DEFAULT_MAX_PIXELS_IN_FLIGHT, self.max_image_pixels)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,6 +309,7 @@ class PluginConfig:
             apply_exif=pre_r.get("apply_exif", bool, True),
             max_image_pixels=pre_r.positive_int("max_image_pixels") or DEFAULT_MAX_IMAGE_PIXELS,
             decode_mode=DecodeMode(pre_r.one_of("decode_mode", tuple(DecodeMode), "fast")),
+            max_pixels_in_flight=pre_r.positive_int("max_pixels_in_flight"),
         )
         pre_r.finish()
         trt_r = r.section("tensorrt")

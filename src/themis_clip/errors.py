@@ -18,7 +18,10 @@
     ├── InputError                  a caller's input cannot be embedded
     │   ├── ImageDecodeError        bytes/path/array are not a decodable image
     │   ├── ImageTooLargeError      the image declares more pixels than ``max_image_pixels``
-    │   └── TextInputError          not a string, or not encodable
+    │   ├── TextInputError          not a string, or not encodable
+    │   ├── MetadataError           item metadata is not bounded, strict JSON (names the limit)
+    │   └── RequestTooLargeError    more items in one request than the service can ever queue
+    ├── ResourceBusyError           a shared budget (decoded pixels in flight) stayed full; retry
     └── InferenceError              ONNX Runtime failed while running a session
 
 Third-party errors (ONNX Runtime, Pillow, tokenizers) are translated into these where they
@@ -37,6 +40,7 @@ __all__ = [
     "InferenceError",
     "InputError",
     "IntegrityError",
+    "MetadataError",
     "ModelError",
     "ModelFormatError",
     "ModelMismatchError",
@@ -44,6 +48,8 @@ __all__ = [
     "NotReadyError",
     "PluginAPIVersionError",
     "PluginNotFoundError",
+    "RequestTooLargeError",
+    "ResourceBusyError",
     "SearchIndexError",
     "TextInputError",
     "ThemisClipError",
@@ -124,6 +130,18 @@ class ImageTooLargeError(InputError):
 
 class TextInputError(InputError):
     """The text input is not a string or cannot be tokenised."""
+
+
+class MetadataError(InputError):
+    """Item metadata is not bounded, strict JSON (the message names the path and the limit)."""
+
+
+class RequestTooLargeError(InputError):
+    """One request holds more items than the service can ever queue at once."""
+
+
+class ResourceBusyError(ThemisClipError):
+    """A shared budget (decoded pixels in flight) stayed full for too long; retry later."""
 
 
 class InferenceError(ThemisClipError):

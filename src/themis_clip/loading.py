@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from themis_clip.budget import PixelBudget
 from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import BackendUnavailableError, ModelFormatError, ModelMismatchError
@@ -46,8 +47,11 @@ def load_model(
     available: Sequence[str] | None = None,
     hash_fn: HashFunction = sha256_file,
     session_factory: Callable[..., ORTSession] = create_session,
+    budget: PixelBudget | None = None,
 ) -> ClipModel:
     """Resolve, verify and load ``config.model`` on ``backend``.
+
+    ``budget`` is the decoded-pixel budget the model's image decodes share (the plugin's).
 
     Raises:
         ModelError (and subclasses), BackendUnavailableError, ConfigError.
@@ -126,6 +130,7 @@ def load_model(
                 apply_exif=config.preprocess.apply_exif,
                 max_image_pixels=config.preprocess.max_image_pixels,
                 decode_mode=config.preprocess.decode_mode,
+                budget=budget,
             )
         except ValueError as exc:
             raise ModelFormatError(f"{spec.root}: {exc}") from exc
@@ -133,7 +138,11 @@ def load_model(
         for s in sessions:
             s.close()
         raise
-    identity = ModelIdentity(name=spec.name, sha256=digest, embedding_dim=dim)
+    # A precision variant is another model to its callers (its vectors differ slightly): its
+    # id says so. The digest stays the directory's, so an index built with the fp32 variant
+    # still accepts its int8 twin's vectors (cosine ≥ 0.99, bench/RESULTS.md).
+    name = spec.name if spec.variant == "fp32" else f"{spec.name}-{spec.variant}"
+    identity = ModelIdentity(name=name, sha256=digest, embedding_dim=dim)
     log.info(
         "model %s ready: dim %d, image %d px, backend %s, text tower %s",
         identity.model_id,

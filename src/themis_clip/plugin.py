@@ -41,7 +41,8 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip._version import __version__
-from themis_clip.config import PluginConfig
+from themis_clip.budget import PixelBudget
+from themis_clip.config import PluginConfig, PreprocessConfig
 from themis_clip.engine import ClipModel
 from themis_clip.errors import (
     ConfigError,
@@ -132,6 +133,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         self._admin_lock = threading.RLock()  # serialises initialize / reload / shutdown
         self._executor: ThreadPoolExecutor | None = None
         self._executor_workers = 0
+        self._budget: PixelBudget | None = None  # decoded pixels in flight, across models
         self._config: PluginConfig | None = None
         self._requested_backend = BackendType.AUTO
         self._stats = Statistics()
@@ -450,6 +452,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             last_reload=self._last_reload.as_dict() if self._last_reload else None,
             state_history=list(self._state_history),
             preprocess_workers=self._executor_workers if self._executor else None,
+            pixel_budget=self._budget.stats() if self._budget else None,
             **self._reload_counts,
         )
         return stats
@@ -592,13 +595,26 @@ class OnnxClipPlugin(ImageAnalysisBackend):
 
     # -- internals -----------------------------------------------------------------------------
 
+    @property
+    def pixel_budget(self) -> PixelBudget:
+        """The decoded-pixel budget every image decode of this plugin shares (thumbnails too)."""
+        if self._budget is None:
+            pre = self._config.preprocess if self._config else PreprocessConfig()
+            capacity = pre.pixel_budget
+            self._budget = PixelBudget(capacity)
+        return self._budget
+
     def _load(self, config: PluginConfig, backend: BackendType) -> ClipModel:
+        capacity = config.preprocess.pixel_budget
+        if self._budget is None or self._budget.capacity != capacity:
+            self._budget = PixelBudget(capacity)  # decodes under the old one finish under it
         return load_model(
             config,
             backend,
             available=self._available,
             hash_fn=self._hash_fn,
             session_factory=self._session_factory,
+            budget=self._budget,
         )
 
     @contextmanager

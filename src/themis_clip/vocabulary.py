@@ -14,6 +14,7 @@ __all__ = [
     "CLIP_MEAN",
     "CLIP_STD",
     "DEFAULT_MAX_IMAGE_PIXELS",
+    "DEFAULT_MAX_PIXELS_IN_FLIGHT",
     "OPTIMIZATION_LEVELS",
     "BackendType",
     "DecodeMode",
@@ -29,6 +30,9 @@ CLIP_STD: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 
 #: Pillow's own default decompression-bomb limit (~179 megapixels).
 DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+#: decoded pixels all concurrent decodes of one plugin may hold: one maximal image at a time
+#: (≈ 0.8 GB as Pillow's 4-byte RGB), or sixteen 12-megapixel photos
+DEFAULT_MAX_PIXELS_IN_FLIGHT = 200_000_000
 
 #: ONNX Runtime graph optimisation levels, by their config names.
 OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")

@@ -160,6 +160,7 @@ FULL = {
         "apply_exif": False,
         "max_image_pixels": 1000,
         "decode_mode": "exact",
+        "max_pixels_in_flight": 5000,
     },
     "tensorrt": {"cache_dir": "/trt", "fp16": True},
     "session": {

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from themis_clip._version import __version__
+from themis_clip.allocator import pin_mmap_threshold
 from themis_clip.cli import dataset, demo, embed, export, index, serve
 from themis_clip.cli.common import CLIError
 from themis_clip.errors import ThemisClipError
@@ -34,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # Freed image buffers go back to the system (see themis_clip.allocator): a burst of large
+    # images must not leave each decode thread's heap holding one image's worth of memory.
+    pin_mmap_threshold()
     try:
         code: int = args.func(args)
         return code

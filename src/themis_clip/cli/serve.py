@@ -7,9 +7,11 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import replace
 from typing import Any
 
 from themis_clip.cli.common import CLIError, config_from, model_args
+from themis_clip.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -18,10 +20,30 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     p.add_argument("--index", help="index file for /search and /index/items")
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
-    p.add_argument("--max-queue", type=int, default=512, help="waiting items before 429")
+    p.add_argument(
+        "--max-queue", type=int, default=4096, help="waiting items before 429 (413 beyond it)"
+    )
     p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="batch fill wait")
     p.add_argument("--request-timeout-s", type=float, default=30.0, help="504 beyond this")
     p.add_argument("--max-body-mb", type=float, default=20.0, help="413 beyond this")
+    p.add_argument(
+        "--header-timeout-s", type=float, default=10.0, help="close connections slower than this"
+    )
+    p.add_argument(
+        "--body-idle-timeout-s", type=float, default=10.0, help="408 after this much silence"
+    )
+    p.add_argument("--keep-alive-s", type=float, default=5.0, help="idle keep-alive connections")
+    p.add_argument(
+        "--max-connections", type=int, default=1000, help="connections at once (503 beyond)"
+    )
+    p.add_argument(
+        "--max-image-pixels", type=int, help="refuse larger images (default 178,956,970)"
+    )
+    p.add_argument(
+        "--max-pixels-in-flight",
+        type=int,
+        help="decoded pixels all requests may hold at once (default 200,000,000)",
+    )
     p.add_argument("--no-warmup", action="store_true", help="ready without warming up")
     model_args(p)
     p.set_defaults(func=_cmd_serve)
@@ -32,16 +54,38 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from themis_clip.server import ServerSettings, create_app
+        from themis_clip.server.protocol import guarded_h11
     except ImportError as exc:
         raise CLIError(
             f"serving needs the server extra ({exc.name} is missing): "
             "pip install 'themis-onnx-clip[server]'"
         ) from exc
-    for name in ("max_queue", "max_queue_delay_ms", "request_timeout_s", "max_body_mb"):
+    positive = (
+        "max_queue",
+        "max_queue_delay_ms",
+        "request_timeout_s",
+        "max_body_mb",
+        "header_timeout_s",
+        "body_idle_timeout_s",
+        "keep_alive_s",
+        "max_connections",
+    )
+    for name in positive:
         if getattr(args, name) <= 0:
             raise CLIError(f"--{name.replace('_', '-')} must be > 0")
+    config = config_from(args)
+    pixels = {
+        k: getattr(args, k)
+        for k in ("max_image_pixels", "max_pixels_in_flight")
+        if getattr(args, k) is not None
+    }
+    if pixels:
+        try:
+            config = replace(config, preprocess=replace(config.preprocess, **pixels))
+        except ConfigError as exc:
+            raise CLIError(str(exc).replace("preprocess.", "--").replace("_", "-")) from exc
     settings = ServerSettings(
-        plugin_config=config_from(args),
+        plugin_config=config,
         index_path=args.index,
         model_root=args.model_root,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
@@ -49,6 +93,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         max_queue_delay_ms=args.max_queue_delay_ms,
         request_timeout_s=args.request_timeout_s,
+        body_idle_timeout_s=args.body_idle_timeout_s,
+        header_timeout_s=args.header_timeout_s,
+        keep_alive_s=args.keep_alive_s,
+        max_connections=args.max_connections,
         warmup=not args.no_warmup,
     )
     # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises
@@ -70,6 +118,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             create_app(settings),
             log_level="info" if args.verbose else "warning",
             timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
+            http=guarded_h11(settings.header_timeout_s),
+            timeout_keep_alive=max(1, round(settings.keep_alive_s)),
+            limit_concurrency=settings.max_connections,
         )
     )
     host = f"[{args.host}]" if family == socket.AF_INET6 else args.host

@@ -151,7 +151,7 @@ class VectorIndex:
             return
         if current.sha256 != stamp.sha256 or current.dim != stamp.dim:
             raise IndexModelMismatchError(
-                f"index {self.store.path} was built with model {current.model_id} "
+                f"this index was built with model {current.model_id} "
                 f"({current.dim}-d); "
                 f"the current model is {stamp.model_id} ({stamp.dim}-d), whose vectors are not "
                 f"comparable. Re-index with this model (`themis-clip index DIR --index NEW_PATH`, "

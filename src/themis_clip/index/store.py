@@ -10,6 +10,10 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
           metadata TEXT, vector BLOB)               vector: float32, little endian
     failures(path TEXT PRIMARY KEY, size, mtime_ns, error)   unreadable files, skipped until changed
     items.thumbnail BLOB (v2)                       JPEG preview of items added without a file
+    (v3) metadata repaired: NaN/Infinity → null, lone surrogates → U+FFFD, unreadable → NULL
+
+Metadata is validated on the way in (:mod:`.metadata`: bounded, strict JSON objects) and read
+back without ever raising; filters are matched with ``json_each`` and bound parameters only.
 
 The database runs in WAL mode with ``synchronous=NORMAL``: a killed process loses at most the
 transaction it was in, never a committed one, and never leaves a half-written row.
@@ -17,9 +21,9 @@ transaction it was in, never a committed one, and never leaves a half-written ro
 
 from __future__ import annotations
 
-import json
+import logging
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +33,42 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
+from themis_clip.index.metadata import (
+    decode_stored,
+    encode,
+    repair,
+    validate_filters,
+    validate_metadata,
+)
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
+# One filter term, constant SQL: the key and the value (three times) are bound parameters.
+# JSON equality: the same kind (1 and 1.0 are one number, true is not 1) and the same value.
+_FILTER_CLAUSE = """EXISTS (SELECT 1 FROM json_each(items.metadata) AS e WHERE e.key = ?
+    AND (CASE WHEN e.type IN ('integer', 'real') THEN 'number' ELSE e.type END)
+      = (CASE WHEN json_type(?) IN ('integer', 'real') THEN 'number' ELSE json_type(?) END)
+    AND (e.type = 'null' OR e.value = json_extract(?, '$')))"""
 
-_MIGRATIONS: dict[int, list[str]] = {
+
+def _repair_metadata(db: sqlite3.Connection) -> None:
+    """v3: rows that an older version let in with metadata no reader can parse or serve."""
+    rows = db.execute(
+        "SELECT id, metadata FROM items WHERE metadata IS NOT NULL AND "
+        "(NOT json_valid(metadata) OR metadata GLOB '*[\\]u[dD][89abAB]*' "
+        "OR metadata GLOB '*[\\]u[dD][c-fC-F]*')"
+    ).fetchall()
+    fixed = [(repair(text), row_id) for row_id, text in rows]
+    db.executemany("UPDATE items SET metadata = ? WHERE id = ?", fixed)
+    if fixed:
+        log.warning("index: repaired the metadata of %d item(s) (older version)", len(fixed))
+
+
+_MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         """CREATE TABLE items (
@@ -56,6 +89,8 @@ _MIGRATIONS: dict[int, list[str]] = {
     ],
     # v2: small JPEG previews for items that have no file on disk (added over HTTP).
     2: ["ALTER TABLE items ADD COLUMN thumbnail BLOB"],
+    # v3: metadata that is not strict JSON (NaN) or holds lone surrogates, rewritten once.
+    3: [_repair_metadata],
 }
 
 
@@ -136,8 +171,11 @@ class IndexStore:
             raise SearchIndexError(f"index {self.path} needs a migration; open it writable once")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self.transaction() as db:
-                for statement in _MIGRATIONS[target]:
-                    db.execute(statement)
+                for step in _MIGRATIONS[target]:
+                    if callable(step):
+                        step(db)
+                    else:
+                        db.execute(step)
                 db.execute(f"PRAGMA user_version = {target}")
 
     @contextmanager
@@ -186,7 +224,8 @@ class IndexStore:
                 raise SearchIndexError(
                     f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
                 )
-            meta = json.dumps(dict(r.metadata), sort_keys=True) if r.metadata is not None else None
+            checked = validate_metadata(r.metadata, where=f"item {r.key!r}: metadata")
+            meta = encode(checked) if checked is not None else None
             values.append(
                 (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, vec.tobytes(), r.thumbnail)
             )
@@ -267,12 +306,18 @@ class IndexStore:
         return {r[0]: _item(r) for r in rows}
 
     def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
-        """Ids whose metadata has each ``key`` equal to ``value`` (JSON equality)."""
+        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality).
+
+        Keys and values are bound parameters (no JSON path is built from a key), and a row
+        whose metadata is not valid JSON matches nothing instead of failing the query.
+        """
         clauses, params = [], []
-        for key, value in filters.items():
-            clauses.append("json_extract(metadata, ?) = json_extract(?, '$')")
-            params += [f'$."{key}"', json.dumps(value)]
-        sql = "SELECT id FROM items WHERE " + " AND ".join(clauses)  # noqa: S608 - only "?" marks
+        for key, value in validate_filters(filters).items():
+            clauses.append(_FILTER_CLAUSE)
+            text = encode(value)
+            params += [key, text, text, text]
+        where = " AND ".join(clauses)
+        sql = f"SELECT id FROM items WHERE CASE WHEN json_valid(metadata) THEN {where} ELSE 0 END"  # noqa: S608 - only "?" marks
         return {r[0] for r in self._db.execute(sql, params).fetchall()}
 
     # -- failures ------------------------------------------------------------------------------
@@ -313,5 +358,5 @@ def _item(row: Sequence[Any]) -> StoredItem:
         size=row[3],
         mtime_ns=row[4],
         sha256=row[5],
-        metadata=json.loads(row[6]) if row[6] else None,
+        metadata=decode_stored(row[6], key=row[1]),
     )

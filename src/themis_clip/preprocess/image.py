@@ -24,18 +24,21 @@ for the long axis only, and lets Pillow do the short axis.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
 import os
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
+from themis_clip.budget import PixelBudget
 from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError
 from themis_clip.interface import ImageData
 from themis_clip.models.spec import ImageSpec
@@ -79,6 +82,7 @@ def decode_image(
     draft_min_side: int | None = None,
     format_hint: str | None = None,
     orientation: int | None = None,
+    reserve: Callable[[int], None] | None = None,
 ) -> Image.Image:
     """Open ``data`` as a Pillow image (first frame), oriented and in an 8-bit mode.
 
@@ -87,6 +91,9 @@ def decode_image(
     ``format_hint`` (a Pillow format name, e.g. ``"PNG"``) is tried first, and only a hint:
     data of another format still decodes. ``orientation`` (EXIF 1-8, declared by the caller)
     applies when ``apply_exif`` is on and the image carries no orientation of its own.
+    ``reserve`` is called with the number of pixels about to be decoded (after DCT scaling),
+    once the header is read and before any pixel memory is allocated: a
+    :class:`~themis_clip.budget.Lease`'s ``take``, so that concurrent decodes share a budget.
 
     Raises:
         ImageDecodeError: not an image, truncated or corrupt data, missing file.
@@ -101,14 +108,24 @@ def decode_image(
         if len(data) == 0:
             raise ImageDecodeError("empty image data (0 bytes)")
         img = _checked_load(
-            _open(io.BytesIO(data), "image bytes", format_hint), max_image_pixels, draft_min_side
+            _open(io.BytesIO(data), "image bytes", format_hint),
+            max_image_pixels,
+            draft_min_side,
+            reserve,
+            len(data),
         )
     elif isinstance(data, str | os.PathLike):
         path = os.fspath(data)
         try:
             # The file is closed as soon as frame 0 is decoded: no descriptor outlives the call.
             with open(path, "rb") as fh:
-                img = _checked_load(_open(fh, path, format_hint), max_image_pixels, draft_min_side)
+                img = _checked_load(
+                    _open(fh, path, format_hint),
+                    max_image_pixels,
+                    draft_min_side,
+                    reserve,
+                    os.fstat(fh.fileno()).st_size,
+                )
         except FileNotFoundError:
             raise ImageDecodeError(f"image file not found: {path}") from None
         except IsADirectoryError:
@@ -123,10 +140,11 @@ def decode_image(
     if apply_exif:
         try:
             own = img.getexif().get(_ORIENTATION)
-            if own is None and orientation in _TRANSPOSE:
-                img = img.transpose(_TRANSPOSE[orientation])
-            else:
-                img = ImageOps.exif_transpose(img)
+            # ImageOps.exif_transpose copies even an upright image (a full-size copy of a
+            # 169-megapixel bomb is 645 MB): transpose only when there is something to right.
+            turn = _TRANSPOSE.get(own if own is not None else (orientation or 1))
+            if turn is not None:
+                img = img.transpose(turn)
         except Exception as exc:  # malformed EXIF must never fail an embedding
             log.debug("ignoring unreadable EXIF orientation: %s", exc)
     if img.mode in _HIGH_DEPTH_MODES:
@@ -135,9 +153,13 @@ def decode_image(
 
 
 def _checked_load(
-    img: Image.Image, max_image_pixels: int, draft_min_side: int | None = None
+    img: Image.Image,
+    max_image_pixels: int,
+    draft_min_side: int | None = None,
+    reserve: Callable[[int], None] | None = None,
+    nbytes: int | None = None,
 ) -> Image.Image:
-    """Check the declared size against the limit, then decode (frame 0 only)."""
+    """Check the declared size against the limit and the data, reserve, then decode frame 0."""
     width, height = img.size
     if width < 1 or height < 1:
         raise ImageDecodeError(f"image has no pixels ({width}x{height})")
@@ -150,6 +172,10 @@ def _checked_load(
     if draft_min_side and img.format == "JPEG" and short >= 2 * draft_min_side:
         scale = draft_min_side / short
         img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
+    if nbytes is not None:
+        _check_raw_data_fits(img, nbytes)
+    if reserve is not None:
+        reserve(img.size[0] * img.size[1])
     try:
         img.load()
     except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
@@ -157,6 +183,25 @@ def _checked_load(
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(str(exc)) from None
     return img
+
+
+def _check_raw_data_fits(img: Image.Image, nbytes: int) -> None:
+    """Refuse uncompressed data (BMP, PPM, raw TIFF...) shorter than its header declares.
+
+    Pillow allocates the whole image before reading it: a 54-byte BMP header claiming 13000²
+    pixels would cost 160 MB before failing as truncated. Uncompressed pixels need at least one
+    bit each, so a raw tile with fewer bytes than that cannot be complete.
+    """
+    for tile in getattr(img, "tile", None) or ():
+        if tile[0] != "raw":
+            continue
+        x0, y0, x1, y1 = tile[1]
+        needed = int(tile[2]) + math.ceil((x1 - x0) * (y1 - y0) / 8)
+        if needed > nbytes:
+            raise ImageDecodeError(
+                f"truncated image data: the header declares {img.size[0]}x{img.size[1]} "
+                f"uncompressed pixels (at least {needed} bytes) but the data has {nbytes}"
+            )
 
 
 _ORIENTATION = 0x0112
@@ -223,6 +268,8 @@ def _to_8bit(img: Image.Image) -> Image.Image:
     return Image.fromarray(out, mode="L")
 
 
+_NO_LEASE = contextlib.nullcontext()
+
 #: fast mode, every format: shrink by a whole factor with a box filter first while the remaining
 #: resample still shrinks at least this much (Pillow's ``reducing_gap``; 3 is its "indistinguishable
 #: from a full resample in most cases" setting). JPEGs get DCT scaling instead (``draft``).
@@ -274,6 +321,8 @@ class ImagePreprocessor:
     apply_exif: bool = True
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     decode_mode: DecodeMode | str = DecodeMode.EXACT
+    #: shared by every decode of the service (None: unbounded, the library default)
+    budget: PixelBudget | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.decode_mode not in tuple(DecodeMode):
@@ -312,16 +361,20 @@ class ImagePreprocessor:
             float32 array of shape ``(3, S, S)``: the exact tensor the image tower receives.
         """
         fast = self.decode_mode is DecodeMode.FAST
-        img = decode_image(
-            data,
-            max_image_pixels=self.max_image_pixels,
-            apply_exif=self.apply_exif,
-            # fast: JPEG DCT scaling down to no less than twice the model input before the resize
-            draft_min_side=2 * self.spec.image_size if fast else None,
-            format_hint=format_hint,
-            orientation=orientation,
-        )
-        rgb = _resize_crop(img, self.spec, FAST_REDUCING_GAP if fast else None)
+        lease = self.budget.lease() if self.budget is not None else None
+        with lease or _NO_LEASE:
+            img = decode_image(
+                data,
+                max_image_pixels=self.max_image_pixels,
+                apply_exif=self.apply_exif,
+                # fast: JPEG DCT scaling to no less than twice the model input before the resize
+                draft_min_side=2 * self.spec.image_size if fast else None,
+                format_hint=format_hint,
+                orientation=orientation,
+                reserve=lease.take if lease is not None else None,
+            )
+            rgb = _resize_crop(img, self.spec, FAST_REDUCING_GAP if fast else None)
+            del img  # the full-size image goes before its pixels return to the budget
         if out is None:
             out = np.empty(self.shape, dtype=np.float32)
         hwc = np.asarray(rgb, dtype=np.uint8)
@@ -331,13 +384,30 @@ class ImagePreprocessor:
 
 
 def make_thumbnail(
-    data: ImageData, *, size: int = 192, max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    data: ImageData,
+    *,
+    size: int = 192,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    budget: PixelBudget | None = None,
 ) -> bytes:
-    """A JPEG preview of ``data`` fitting in ``size``×``size`` (same decoding guards)."""
-    img = decode_image(data, max_image_pixels=max_image_pixels)
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    img.thumbnail((size, size), Image.Resampling.BICUBIC)
+    """A JPEG preview of ``data`` fitting in ``size``×``size`` (same decoding guards).
+
+    JPEGs are decoded at the smallest DCT scale that still covers ``size``; the decode holds its
+    pixels in ``budget`` (when given) like an embedding's decode does.
+    """
+    lease = budget.lease() if budget is not None else None
+    with lease or _NO_LEASE:
+        img = decode_image(
+            data,
+            max_image_pixels=max_image_pixels,
+            draft_min_side=size,
+            reserve=lease.take if lease is not None else None,
+        )
+        if img.mode in ("1", "P", "PA"):  # resized NEAREST otherwise
+            img = img.convert("RGB")
+        img.thumbnail((size, size), Image.Resampling.BICUBIC)
+        if img.mode != "RGB":
+            img = img.convert("RGB")
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=85)
     return buf.getvalue()

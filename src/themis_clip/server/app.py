@@ -26,7 +26,7 @@ from themis_clip.index.search import VectorIndex
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics
-from themis_clip.server.middleware import BodyLimit, Observe
+from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard
 from themis_clip.server.routes import admin, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState
@@ -42,8 +42,16 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     """Build the service. The plugin is initialised in the app's lifespan (startup)."""
     metrics = Metrics()
     state = AppState(settings=settings, plugin=plugin or OnnxClipPlugin(), metrics=metrics)
-    metrics.track_queue("image", lambda: state.image_batcher.depth if state.image_batcher else 0)
-    metrics.track_queue("text", lambda: state.text_batcher.depth if state.text_batcher else 0)
+    metrics.track_queue(
+        "image",
+        lambda: state.image_batcher.depth if state.image_batcher else 0,
+        lambda: state.image_batcher.stats.skipped if state.image_batcher else 0,
+    )
+    metrics.track_queue(
+        "text",
+        lambda: state.text_batcher.depth if state.text_batcher else 0,
+        lambda: state.text_batcher.stats.skipped if state.text_batcher else 0,
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -97,7 +105,15 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     )
     app.state.themis = state
     app.add_middleware(Observe, record=metrics.observe)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(  # outermost: nothing reaches a route before the guard has the body
+        RequestGuard,
+        limits=GuardLimits(
+            max_body_bytes=settings.max_body_bytes,
+            body_idle_timeout_s=settings.body_idle_timeout_s,
+            request_timeout_s=settings.request_timeout_s,
+        ),
+        on_event=lambda name: metrics.guard_events.labels(name).inc(),
+    )
     install_error_handlers(app, metrics, settings.request_timeout_s)
     for module in (ops, embeddings, search, admin):
         app.include_router(module.router)

@@ -24,12 +24,21 @@ from themis_clip.errors import (
     InputError,
     ModelError,
     NotReadyError,
+    RequestTooLargeError,
+    ResourceBusyError,
     SearchIndexError,
     ThemisClipError,
 )
 from themis_clip.server.metrics import Metrics
 
-__all__ = ["APIError", "error_response", "install_error_handlers", "status_for", "status_for_name"]
+__all__ = [
+    "APIError",
+    "error_response",
+    "install_error_handlers",
+    "retry_headers",
+    "status_for",
+    "status_for_name",
+]
 
 
 class APIError(Exception):
@@ -51,9 +60,11 @@ class APIError(Exception):
 # client asked for (a model without a text tower, an option the model cannot honour): 422.
 STATUS: list[tuple[type[BaseException], int]] = [
     (ImageTooLargeError, 413),
+    (RequestTooLargeError, 413),
     (InputError, 422),
     (QueueFullError, 429),
     (NotReadyError, 503),
+    (ResourceBusyError, 503),
     (IndexModelMismatchError, 409),
     (SearchIndexError, 503),
     (ConfigError, 422),
@@ -81,6 +92,11 @@ def status_for_name(error_type: str | None) -> int:
     """The status of an ``EmbeddingResult.error_type`` (a library exception's class name)."""
     cls = _BY_NAME.get(error_type or "")
     return next((code for c, code in STATUS if cls is not None and issubclass(cls, c)), 500)
+
+
+def retry_headers(status: int) -> dict[str, str] | None:
+    """``Retry-After`` for statuses a retry can clear (429 and 503)."""
+    return {"Retry-After": "1"} if status in (429, 503) else None
 
 
 def error_response(
@@ -119,7 +135,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, request_timeout_s: fl
         headers = (
             {"Retry-After": str(math.ceil(exc.retry_after_s))}
             if isinstance(exc, QueueFullError)
-            else None
+            else retry_headers(status_for(exc))
         )
         metrics.errors.labels(route_of(request), type(exc).__name__).inc()
         return error_response(status_for(exc), type(exc).__name__, str(exc), headers)

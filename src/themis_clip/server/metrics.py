@@ -34,6 +34,19 @@ class Metrics:
             registry=r,
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
         )
+        self.guard_events = Counter(
+            "themis_guard_events",
+            "requests the guard ended: body_timeout, disconnect (work cancelled), deadline, "
+            "internal_error",
+            ["event"],
+            registry=r,
+        )
+        self.skipped_items = Gauge(
+            "themis_skipped_items",
+            "queued items dropped because their request timed out or its client left",
+            ["modality"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "themis_queue_depth", "items waiting for a batch", ["modality"], registry=r
         )
@@ -42,5 +55,8 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def track_queue(self, modality: str, depth: Callable[[], int]) -> None:
+    def track_queue(
+        self, modality: str, depth: Callable[[], int], skipped: Callable[[], int]
+    ) -> None:
         self.queue_depth.labels(modality).set_function(depth)
+        self.skipped_items.labels(modality).set_function(skipped)

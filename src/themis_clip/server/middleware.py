@@ -1,58 +1,224 @@
-"""Pure ASGI middleware: body-size limit (declared or streamed) and request observation."""
+"""Pure ASGI middleware: the request guard (body, JSON, deadline, disconnects, last-resort
+errors) and request observation.
+
+:class:`RequestGuard` is the outermost layer of the app. For every HTTP request it
+
+* reads the whole body first, with a limit (413 whether the size was declared or streamed in
+  chunks) and an idle timeout between chunks (408: a body shorter than its ``Content-Length``
+  is answered, not waited on forever);
+* checks that a JSON body is strict JSON (valid UTF-8, no NaN/Infinity, bounded nesting) and
+  answers 400 ``BadJSON`` naming the problem otherwise;
+* runs the app under the request deadline (504 when it passes) and cancels it when the client
+  disconnects, so that queued work whose caller is gone is dropped (see
+  :mod:`themis_clip.batching`);
+* answers any exception that escapes the app with the documented JSON 500 body, keeping the
+  connection usable, and logs it with its traceback.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from themis_clip.jsonio import loads as strict_loads
 from themis_clip.server.errors import error_response
 
-__all__ = ["BodyLimit", "Observe"]
+__all__ = ["GuardLimits", "Observe", "RequestGuard"]
+
+log = logging.getLogger(__name__)
 
 
-class BodyLimit:
-    """Pure ASGI middleware: 413 for bodies over the limit, declared or streamed."""
+@dataclass(frozen=True)
+class GuardLimits:
+    max_body_bytes: int = 20 * 2**20
+    body_idle_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
+    max_json_depth: int = 64
+    #: routes that must authenticate before anything looks at the body (they parse it)
+    unchecked_prefixes: tuple[str, ...] = ("/admin/",)
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+
+class _ClosedError(Exception):
+    """The client went away while sending its body."""
+
+
+class RequestGuard:
+    """The outermost layer: whole body read under limits, strict JSON, deadline, cancellation.
+
+    ``on_event(name)`` counts what the guard did (``body_timeout``, ``disconnect``,
+    ``deadline``, ``internal_error``) for the metrics.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limits: GuardLimits,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.app, self.limits = app, limits
+        self.on_event = on_event or (lambda _: None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_large = error_response(413, "PayloadTooLarge", f"request body over {self.limit} bytes")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await too_large(scope, receive, send)
-            return
-        seen = 0
         started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLargeError
-            return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        async def answer(status: int, kind: str, message: str, close: bool = False) -> None:
+            headers = {"Connection": "close"} if close else None
+            if status in (503, 429):
+                headers = {**(headers or {}), "Retry-After": "1"}
+            await error_response(status, kind, message, headers)(scope, receive, tracking_send)
+
+        deadline = time.monotonic() + self.limits.request_timeout_s
         try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLargeError:
+            body = await self._read_body(scope, receive, deadline)
+        except _ClosedError:
+            self.on_event("disconnect")
+            return
+        except _TooLargeError as exc:
+            await answer(413, "PayloadTooLarge", str(exc), close=True)
+            return
+        except TimeoutError as exc:
+            self.on_event("body_timeout")
+            await answer(408, "RequestTimeout", str(exc), close=True)
+            return
+        checked = not str(scope.get("path", "")).startswith(self.limits.unchecked_prefixes)
+        problem = self._json_problem(scope, body) if checked else None
+        if problem is not None:
+            await answer(400, "BadJSON", problem)
+            return
+
+        disconnected = asyncio.Event()
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+                    return
+
+        app_task = asyncio.ensure_future(self.app(scope, replay, tracking_send))
+        watcher = asyncio.ensure_future(watch())
+        try:
+            remaining = max(0.0, deadline - time.monotonic())
+            done, _ = await asyncio.wait(
+                {app_task, watcher}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            if app_task in done:
+                app_task.result()  # re-raise what the app raised
+                return
+            app_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await app_task
+            if watcher in done:
+                self.on_event("disconnect")  # nobody to answer: the work was cancelled
+                return
+            self.on_event("deadline")
             if not started:
-                await too_large(scope, receive, send)
+                await answer(
+                    504, "Timeout", f"request took longer than {self.limits.request_timeout_s} s"
+                )
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            self.on_event("internal_error")
+            if not started:
+                await answer(500, "InternalError", "internal server error (logged on the server)")
+        finally:
+            watcher.cancel()
+            if not app_task.done():
+                app_task.cancel()
+
+    async def _read_body(self, scope: Scope, receive: Receive, deadline: float) -> bytes:
+        limit = self.limits.max_body_bytes
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise _TooLargeError(f"request body over {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            idle = self.limits.body_idle_timeout_s
+            left = min(idle, deadline - time.monotonic())
+            try:
+                message = await asyncio.wait_for(receive(), max(0.001, left))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"request body not received in time (more than {idle:g} s without data, "
+                    f"or over {self.limits.request_timeout_s:g} s in all)"
+                ) from None
+            if message["type"] == "http.disconnect":
+                raise _ClosedError
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _TooLargeError(f"request body over {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _json_problem(self, scope: Scope, body: bytes) -> str | None:
+        """Why a body declared as JSON is not strict JSON (None: it is, or is not JSON)."""
+        content_type = dict(scope.get("headers") or []).get(b"content-type", b"")
+        media = content_type.split(b";")[0].strip().lower()
+        if not body or not (media == b"application/json" or media.endswith(b"+json")):
+            return None
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"request body is not valid UTF-8 (byte {exc.start})"
+        if _nesting(text) > self.limits.max_json_depth:
+            return f"request body nests deeper than {self.limits.max_json_depth} levels"
+        try:
+            strict_loads(text)
+        except (ValueError, RecursionError) as exc:
+            return f"request body is not valid JSON: {exc}"
+        return None
 
 
-class _BodyTooLargeError(Exception):
+class _TooLargeError(Exception):
     pass
+
+
+def _nesting(text: str) -> int:
+    """Deepest bracket nesting outside strings (a cheap bound before parsing)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 class Observe:

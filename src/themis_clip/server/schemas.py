@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 
 class _Strict(BaseModel):
@@ -35,7 +35,11 @@ class TextRequest(_Strict):
 class IndexItem(_Strict):
     id: str = Field(min_length=1, max_length=1024)
     image: str = Field(description="base64 image bytes or a data URL")
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="a JSON object: at most 16 KiB, 8 levels deep, 1,024 keys and values, "
+        "keys of 1-256 characters, finite numbers, valid Unicode",
+    )
 
 
 class IndexItemsRequest(_Strict):
@@ -45,9 +49,11 @@ class IndexItemsRequest(_Strict):
 class SearchRequest(_Strict):
     text: str | None = None
     image: str | None = Field(default=None, description="base64 image bytes or a data URL")
-    vector: list[float] | None = None
-    k: int = Field(default=10, ge=1, le=1000)
-    filters: dict[str, Any] | None = None
+    vector: list[StrictFloat] | None = Field(default=None, max_length=65536)
+    k: StrictInt = Field(default=10, ge=1, le=1000)
+    filters: dict[str, Any] | None = Field(
+        default=None, description="metadata key → value that hits must have (at most 32 keys)"
+    )
 
 
 class ReloadRequest(_Strict):

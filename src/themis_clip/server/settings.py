@@ -19,9 +19,16 @@ class ServerSettings:
         model_root: folder that ``/admin/reload`` paths must stay inside (None: reload disabled).
         admin_token: bearer token for ``/admin/*`` (None: admin endpoints disabled).
         max_body_bytes: larger request bodies get 413.
-        max_queue: waiting items per batcher before 429.
+        max_queue: waiting items per batcher before 429 (a request with more items than this
+            gets 413; the default holds the largest request twice: 2,048 texts).
         max_queue_delay_ms: how long a request waits for its batch to fill.
-        request_timeout_s: per-request limit (504 beyond it).
+        request_timeout_s: per-request limit, reading the body included (504 beyond it; its
+            queued work is dropped).
+        body_idle_timeout_s: longest silence while a request body arrives (408 beyond it).
+        header_timeout_s: time a connection has to send complete request headers, the first
+            request's and each keep-alive request's (closed beyond it).
+        keep_alive_s: how long an idle keep-alive connection stays open.
+        max_connections: connections and requests at once; beyond it new ones get 503.
         warmup: run ``plugin.warmup()`` before ``/readyz`` turns ready.
     """
 
@@ -30,7 +37,11 @@ class ServerSettings:
     model_root: str | None = None
     admin_token: str | None = None
     max_body_bytes: int = 20 * 2**20
-    max_queue: int = 512
+    max_queue: int = 4096
     max_queue_delay_ms: float = 5.0
     request_timeout_s: float = 30.0
+    body_idle_timeout_s: float = 10.0
+    header_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1000
     warmup: bool = True

@@ -7,10 +7,8 @@ stamp). Routes get it through :data:`StateDep` and never reach for globals.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -48,22 +46,31 @@ class AppState:
         return self.plugin
 
     async def embed_image(self, data: bytes) -> EmbeddingResult:
-        self.require_ready()
-        assert self.image_batcher is not None
-        return await self.image_batcher.submit(data, timeout_s=self.settings.request_timeout_s)
+        (result,) = await self.embed_images([data])
+        return result
 
     async def embed_text(self, text: str) -> EmbeddingResult:
+        (result,) = await self.embed_texts([text])
+        return result
+
+    async def embed_images(self, items: list[bytes]) -> list[EmbeddingResult]:
+        self.require_ready()
+        assert self.image_batcher is not None
+        return await self._all_one_model(self.image_batcher, items)
+
+    async def embed_texts(self, items: list[str]) -> list[EmbeddingResult]:
         self.require_ready()
         assert self.text_batcher is not None
-        return await self.text_batcher.submit(text, timeout_s=self.settings.request_timeout_s)
+        return await self._all_one_model(self.text_batcher, items)
 
-    async def embed_all(
-        self, items: list[Any], one: Callable[[Any], Awaitable[EmbeddingResult]]
+    async def _all_one_model(
+        self, batcher: MicroBatcher[Any, EmbeddingResult], items: list[Any]
     ) -> list[EmbeddingResult]:
-        """Embed a request's items, all by one model (re-run when a hot swap split them)."""
+        """A request's items, admitted together, all embedded by one model (re-run when a hot
+        swap split them)."""
         results: list[EmbeddingResult] = []
         for _ in range(3):
-            results = list(await asyncio.gather(*(one(x) for x in items)))
+            results = await batcher.submit_many(items, timeout_s=self.settings.request_timeout_s)
             if len({r.model_id for r in results if r.ok}) <= 1:
                 break
         return results

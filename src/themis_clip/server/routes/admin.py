@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from themis_clip.errors import IndexModelMismatchError
 from themis_clip.server.errors import APIError, validation_message
+from themis_clip.server.routes import ops
 from themis_clip.server.schemas import ReloadRequest
 from themis_clip.server.state import AppState, StateDep, get_state
 from themis_clip.vocabulary import ModelIdentity
@@ -49,6 +50,12 @@ async def _body(request: Request) -> ReloadRequest:
     except ValidationError as exc:
         status, kind, message = validation_message(list(exc.errors()))
         raise APIError(status, kind, message) from None
+
+
+@router.get("/stats")
+async def admin_stats(state: StateDep) -> dict[str, Any]:
+    """All statistics, reload errors with their paths and runtime messages included."""
+    return ops.full_stats(state)
 
 
 @router.post("/reload")
@@ -103,6 +110,13 @@ async def reload(request: Request, state: StateDep) -> dict[str, Any]:
 
 def _inside_root(root: str, requested: str) -> Path:
     """Resolve ``requested`` against ``root`` (symlinks followed); refuse anything outside it."""
+    if not requested or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in requested):
+        raise APIError(
+            422,
+            "ValidationError",
+            "path: must be a non-empty relative path without control characters (NUL...) "
+            "or lone surrogates",
+        )
     base = Path(root).resolve()
     target = (base / requested).resolve()
     if target != base and base not in target.parents:

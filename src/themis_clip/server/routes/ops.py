@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from themis_clip.server.page import PAGE
-from themis_clip.server.state import StateDep
+from themis_clip.server.state import AppState, StateDep
 
 router = APIRouter()
 
@@ -34,8 +34,27 @@ async def readyz(state: StateDep) -> JSONResponse:
     )
 
 
+#: statistics that can carry server paths or runtime messages: behind the admin token only
+PRIVATE_STATS = ("last_reload_error", "loading_note")
+
+
+def public_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """``stats`` without anything that names server paths or internals (errors become flags)."""
+    out = {k: v for k, v in stats.items() if k not in PRIVATE_STATS}
+    out["last_reload_failed"] = stats.get("last_reload_error") is not None
+    report = stats.get("last_reload")
+    if isinstance(report, dict) and report.get("error") is not None:
+        out["last_reload"] = {**report, "error": "reload failed (details: GET /admin/stats)"}
+    return out
+
+
 @router.get("/stats")
 async def stats(state: StateDep) -> dict[str, Any]:
+    """Statistics for anyone who can reach the service: no paths, no runtime messages."""
+    return public_stats(full_stats(state))
+
+
+def full_stats(state: AppState) -> dict[str, Any]:
     out = state.plugin.get_statistics()
     out["server"] = {
         "ready": state.ready,
@@ -44,6 +63,8 @@ async def stats(state: StateDep) -> dict[str, Any]:
         "text_queue_depth": state.text_batcher.depth if state.text_batcher else 0,
         "image_batches": state.image_batcher.stats.batches if state.image_batcher else 0,
         "index_items": state.index.store.count() if state.index else None,
+        "image_items_skipped": state.image_batcher.stats.skipped if state.image_batcher else 0,
+        "text_items_skipped": state.text_batcher.stats.skipped if state.text_batcher else 0,
     }
     return out
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from themis_clip.errors import InputError
+from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.store import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
@@ -25,11 +26,26 @@ router = APIRouter()
 @router.post("/index/items")
 async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
+    seen: dict[str, int] = {}
+    for i, item in enumerate(body.items):
+        if item.id in seen:
+            raise APIError(
+                422,
+                "ValidationError",
+                f"items[{i}].id: {item.id!r} repeats items[{seen[item.id]}].id; ids in one "
+                "request must be unique",
+            )
+        seen[item.id] = i
+        validate_metadata(item.metadata, where=f"items[{i}].metadata")
     data = [decode_image_field(item.image) for item in body.items]
-    results = await state.embed_all(data, state.embed_image)
+    results = await state.embed_images(data)
     for item, r in zip(body.items, results, strict=True):
         raise_for(r, f"item {item.id!r}")
-    thumbs = await asyncio.to_thread(lambda: [make_thumbnail(d) for d in data])
+    budget = state.plugin.pixel_budget
+    max_pixels = state.settings.plugin_config.preprocess.max_image_pixels
+    thumbs = await asyncio.to_thread(  # decoded within the same pixel budget as embeddings
+        lambda: [make_thumbnail(d, budget=budget, max_image_pixels=max_pixels) for d in data]
+    )
     rows = [
         ItemRow(key=item.id, vector=r.embedding, metadata=item.metadata, thumbnail=t)  # type: ignore[arg-type]
         for item, r, t in zip(body.items, results, thumbs, strict=True)
@@ -60,11 +76,18 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         raise APIError(422, "ValidationError", "give exactly one of 'text', 'image' or 'vector'")
     if body.vector is not None:
         query = np.asarray(body.vector, dtype=np.float32)
+        current = state.stamp()
+        dim = idx.stamp.dim if idx.stamp is not None else current.embedding_dim
+        if query.shape != (dim,):
+            raise APIError(
+                422,
+                "ValidationError",
+                f"vector: {query.size} components; this index's vectors have {dim}",
+            )
         norm = float(np.linalg.norm(query))
         if not np.isfinite(norm) or norm == 0:
             raise APIError(422, "ValidationError", "vector must be finite and non-zero")
         query /= norm
-        current = state.stamp()
     else:
         for _ in range(3):  # the query and the index check must see the same model
             result = await (
