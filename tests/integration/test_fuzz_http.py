@@ -164,5 +164,38 @@ def test_raw_bytes_and_content_types(
     check(client.post(route, content=raw, headers={"content-type": content_type}))
 
 
+header_text = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40
+)
+
+
+@FUZZ
+@given(
+    route=st.sampled_from(ROUTES),
+    headers=st.dictionaries(
+        st.sampled_from(
+            [
+                "authorization",
+                "content-type",
+                "content-encoding",
+                "accept",
+                "x-forwarded-for",
+                "transfer-encoding",
+                "expect",
+                "range",
+                "cookie",
+                "x-anything",
+            ]
+        ),
+        header_text,
+        max_size=4,
+    ),
+)
+def test_arbitrary_headers(client: TestClient, route: str, headers: dict[str, str]) -> None:
+    body = json.dumps({"text": "x", "texts": None}).encode()
+    check(client.post(route, content=body, headers=headers))
+    check(client.get("/stats", headers=headers))
+
+
 def test_still_searchable_after_fuzzing(client: TestClient) -> None:
     still_searchable(client)

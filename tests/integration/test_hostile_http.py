@@ -313,6 +313,28 @@ def test_silent_and_half_sent_connections_are_dropped(server: ServerProcess) -> 
     assert httpx.get(f"{server.base}/healthz").status_code == 200
 
 
+def test_connections_beyond_the_cap_get_a_json_503_and_are_closed() -> None:
+    with ServerProcess(["--max-connections", "4", "--no-warmup"]) as s:
+        port = port_of(s)
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        try:
+            reply = raw(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
+            assert b'"TooManyConnections"' in reply and b"retry-after: 1" in reply.lower()
+        finally:
+            for h in held:
+                h.close()
+        deadline = time.monotonic() + 20
+        while True:  # the held ones are gone: served again
+            try:
+                if httpx.get(f"{s.base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
 def test_a_body_shorter_than_its_content_length_is_answered_408(server: ServerProcess) -> None:
     t0 = time.monotonic()
     reply = raw(

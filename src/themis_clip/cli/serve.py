@@ -118,9 +118,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             create_app(settings),
             log_level="info" if args.verbose else "warning",
             timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
-            http=guarded_h11(settings.header_timeout_s),
+            http=guarded_h11(settings.header_timeout_s, settings.max_connections),
             timeout_keep_alive=max(1, round(settings.keep_alive_s)),
-            limit_concurrency=settings.max_connections,
         )
     )
     host = f"[{args.host}]" if family == socket.AF_INET6 else args.host

@@ -28,7 +28,8 @@ class ServerSettings:
         header_timeout_s: time a connection has to send complete request headers, the first
             request's and each keep-alive request's (closed beyond it).
         keep_alive_s: how long an idle keep-alive connection stays open.
-        max_connections: connections and requests at once; beyond it new ones get 503.
+        max_connections: connections open at once; beyond it a new one gets a JSON 503 and
+            is closed.
         warmup: run ``plugin.warmup()`` before ``/readyz`` turns ready.
     """
 
