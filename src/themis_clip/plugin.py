@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -47,6 +47,7 @@ from themis_clip.engine import ClipModel
 from themis_clip.errors import (
     ConfigError,
     InferenceError,
+    InputError,
     ModelMismatchError,
     NotReadyError,
     ThemisClipError,
@@ -74,6 +75,14 @@ from themis_clip.pipeline import elapsed_ms, embed_images, embed_texts, translat
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
 from themis_clip.vocabulary import ModelIdentity
+from themis_clip.zeroshot import (
+    DEFAULT_TEMPLATE,
+    MAX_LABELS,
+    LabelScore,
+    check_labels,
+    label_prompts,
+    score_labels,
+)
 
 __all__ = ["OnnxClipPlugin", "PluginState", "ReloadReport"]
 
@@ -134,6 +143,8 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         self._executor: ThreadPoolExecutor | None = None
         self._executor_workers = 0
         self._budget: PixelBudget | None = None  # decoded pixels in flight, across models
+        self._label_cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
+        self._label_lock = threading.Lock()
         self._config: PluginConfig | None = None
         self._requested_backend = BackendType.AUTO
         self._stats = Statistics()
@@ -272,6 +283,16 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         return model.identity if model is not None else None
 
     @property
+    def scoring(self) -> dict[str, float | None]:
+        """The loaded model's zero-shot constants: ``logit_scale`` and ``logit_bias``."""
+        model = self._model
+        spec = model.spec if model is not None else None
+        return {
+            "logit_scale": spec.logit_scale if spec else None,
+            "logit_bias": spec.logit_bias if spec else None,
+        }
+
+    @property
     def config(self) -> PluginConfig | None:
         return self._config
 
@@ -338,6 +359,83 @@ class OnnxClipPlugin(ImageAnalysisBackend):
     def generate_text_embedding(self, text: str) -> EmbeddingResult:
         """Embed one text; ``truncated`` says whether it was cut to the context length."""
         return self.generate_text_embedding_batch([text])[0]
+
+    # -- zero-shot classification ---------------------------------------------------------------
+
+    def classify(
+        self,
+        image_data: ImageData,
+        labels: Sequence[str],
+        *,
+        template: str = DEFAULT_TEMPLATE,
+        max_labels: int = MAX_LABELS,
+    ) -> list[LabelScore]:
+        """Zero-shot classification of one image against ``labels`` (in label order).
+
+        Each label becomes the prompt ``template.format(label)``; probabilities are a softmax
+        over ``logit_scale * cosine`` (CLIP), or a sigmoid of ``logit_scale * cosine +
+        logit_bias`` for models that record a bias (SigLIP). Label embeddings are cached per
+        model.
+
+        Raises:
+            InputError: no labels, too many, an empty label, a template without one ``{}``,
+                or an image that cannot be embedded (its own error class).
+            ConfigError: the model has no text tower. NotReadyError: not initialised.
+        """
+        check_labels(labels, template, max_labels)
+        result = self.generate_embedding(image_data)
+        if not result.ok or result.embedding is None:
+            raise _raised(result)
+        return self.classify_embedding(
+            result.embedding, labels, template=template, max_labels=max_labels
+        )
+
+    def classify_embedding(
+        self,
+        embedding: npt.NDArray[np.float32],
+        labels: Sequence[str],
+        *,
+        template: str = DEFAULT_TEMPLATE,
+        max_labels: int = MAX_LABELS,
+    ) -> list[LabelScore]:
+        """:meth:`classify` for an image already embedded by this model (a stored vector)."""
+        check_labels(labels, template, max_labels)
+        model = self._model
+        if model is None:
+            raise NotReadyError("the onnx_clip plugin is not initialised (call initialize())")
+        vectors = self._label_vectors(model, label_prompts(labels, template))
+        vector = np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if vector.shape != (vectors.shape[1],):
+            raise InputError(
+                f"embedding has {vector.size} dimensions, this model's {vectors.shape[1]}"
+            )
+        return score_labels(
+            vector,
+            vectors,
+            labels,
+            logit_scale=model.spec.logit_scale,
+            logit_bias=model.spec.logit_bias,
+        )
+
+    def _label_vectors(self, model: ClipModel, prompts: list[str]) -> npt.NDArray[np.float32]:
+        prefix = model.identity.model_id
+        with self._label_lock:
+            known = {p: self._label_cache.get((prefix, p)) for p in prompts}
+        missing = [p for p, v in known.items() if v is None]
+        if missing:
+            results = self.generate_text_embedding_batch(missing)
+            for prompt, result in zip(missing, results, strict=True):
+                if not result.ok or result.embedding is None:
+                    raise _raised(result)
+                if result.model_id != prefix:
+                    raise NotReadyError("the model was swapped while classifying; retry")
+                known[prompt] = result.embedding
+            with self._label_lock:
+                for prompt in missing:
+                    self._label_cache[(prefix, prompt)] = known[prompt]  # type: ignore[assignment]
+                while len(self._label_cache) > _LABEL_CACHE_SIZE:
+                    self._label_cache.popitem(last=False)
+        return np.stack([known[p] for p in prompts]).astype(np.float32)  # type: ignore[misc]
 
     def generate_text_embedding_batch(self, texts: Sequence[str]) -> list[EmbeddingResult]:
         """Embed many texts: length-sorted batches trimmed to their longest sequence."""
@@ -637,3 +735,16 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ThemisClipError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+_LABEL_CACHE_SIZE = 8192  # label prompt embeddings kept, across models (oldest dropped first)
+
+
+def _raised(result: EmbeddingResult) -> Exception:
+    """The library exception an ``ok=False`` result stands for (its class, by name)."""
+    from themis_clip import errors
+
+    cls = getattr(errors, result.error_type or "", None)
+    if isinstance(cls, type) and issubclass(cls, errors.ThemisClipError):
+        return cls(result.error or "failed")
+    return errors.InferenceError(result.error or "failed")

@@ -182,6 +182,7 @@ def export_hf_checkpoint(
         variants=variants,
         extra={
             "source": {"kind": "transformers", "checkpoint": checkpoint.name},
+            "scoring": {"logit_scale": float(model.logit_scale.exp()), "logit_bias": None},
             **(extra_manifest or {}),
         },
     )

@@ -196,6 +196,17 @@ class VectorIndex:
             if int(i) in items
         ]
 
+    def search_like(
+        self, key: str, k: int = 10, filters: Mapping[str, Any] | None = None
+    ) -> list[Hit]:
+        """ "More like this": the top ``k`` items by similarity to item ``key``'s stored vector
+        (the item itself first). Raises KeyError when there is no such item."""
+        vector = self.store.vector(key)
+        if vector is None:
+            raise KeyError(key)
+        norm = float(np.linalg.norm(vector))
+        return self.search(vector / norm if norm > 0 else vector, k, filters)
+
     @property
     def mode(self) -> str:
         """``"exact"`` or ``"hnsw"``: how the next search runs."""

@@ -320,6 +320,35 @@ class IndexStore:
         sql = f"SELECT id FROM items WHERE CASE WHEN json_valid(metadata) THEN {where} ELSE 0 END"  # noqa: S608 - only "?" marks
         return {r[0] for r in self._db.execute(sql, params).fetchall()}
 
+    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
+        """The top-level metadata keys the index holds, most common first, with how many items
+        have each and their most common scalar values (for filter pickers)."""
+        keys = self._db.execute(
+            "SELECT e.key, COUNT(*) AS n FROM items, json_each(items.metadata) AS e "
+            "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) "
+            "GROUP BY e.key ORDER BY n DESC, e.key LIMIT ?",
+            (max_keys,),
+        ).fetchall()
+        out = []
+        for key, count in keys:
+            rows = self._db.execute(
+                "SELECT e.value, e.type, COUNT(*) AS n FROM items, json_each(items.metadata) AS e "
+                "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) AND e.key = ? "
+                "AND e.type NOT IN ('object', 'array') "
+                "GROUP BY e.type, e.value ORDER BY n DESC, e.value LIMIT ?",
+                (key, max_values + 1),
+            ).fetchall()
+            values = [{"value": _json_scalar(value, kind), "count": n} for value, kind, n in rows]
+            out.append(
+                {
+                    "key": key,
+                    "count": count,
+                    "values": values[:max_values],
+                    "more_values": len(values) > max_values,
+                }
+            )
+        return out
+
     # -- failures ------------------------------------------------------------------------------
 
     def record_failures(self, rows: Sequence[tuple[str, int, int, str]]) -> None:
@@ -348,6 +377,15 @@ class IndexStore:
     def integrity_ok(self) -> bool:
         (result,) = self._db.execute("PRAGMA integrity_check").fetchone()
         return bool(result == "ok")
+
+
+def _json_scalar(value: Any, kind: str) -> Any:
+    """``json_each``'s SQL value as the JSON scalar it came from (true/false are 1/0 there)."""
+    if kind == "true":
+        return True
+    if kind == "false":
+        return False
+    return value
 
 
 def _item(row: Sequence[Any]) -> StoredItem:

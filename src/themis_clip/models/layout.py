@@ -9,6 +9,7 @@ This project's directory layout::
                        "textual": {"file": "textual.onnx", "tokenizer": "tokenizer.json",
                                    "context_length": 77, "pad_id": 0},
                        "variants": {"int8": {"visual": "visual.int8.onnx", ...}},
+                       "scoring": {"logit_scale": 100.0, "logit_bias": null},
                        "files": {"visual.onnx": "<sha256>", ...}}
     visual.onnx       pixel_values [N,3,S,S] float → image embedding [N,D]
     textual.onnx      input_ids [N,L] int32/int64 (+ attention_mask) → text embedding [N,D]
@@ -196,6 +197,7 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
         interpolation=visual.get("interpolation", str) or "bicubic",
     )
     tokenizer = (textual.get("tokenizer", str) or "tokenizer.json") if textual.present else None
+    scoring = _Fields(m.get("scoring", dict), manifest, "scoring.")
     return ModelSpec(
         name=name or m.get("name", str) or root.name,
         layout=Layout.THEMIS,
@@ -210,6 +212,8 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
         variant=chosen,
         manifest_path=manifest,
         declared_sha256={k: v.lower() for k, v in declared.items()},
+        logit_scale=scoring.finite("logit_scale", positive=True),
+        logit_bias=scoring.finite("logit_bias"),
     )
 
 
@@ -238,6 +242,16 @@ class _Fields:
         if typ is int and isinstance(value, int) and value < 0:
             raise self._fail(key, f"must be >= 0, got {value!r}")
         return value
+
+    def finite(self, key: str, *, positive: bool = False) -> float | None:
+        value = self._data.get(key)
+        if value is None:
+            return None
+        if not jsonio.is_number(value) or (positive and value <= 0):
+            raise self._fail(
+                key, f"must be a {'positive ' if positive else ''}number, got {value!r}"
+            )
+        return float(value)
 
     def triple(self, key: str) -> tuple[float, float, float] | None:
         value = self._data.get(key)

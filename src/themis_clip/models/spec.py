@@ -41,6 +41,9 @@ class ModelSpec:
         variant: precision variant loaded (``"fp32"``, ``"fp16"``, ``"int8"``, ...).
         manifest_path: the manifest file, for directory layouts.
         declared_sha256: relative file name → digest, as the manifest lists them.
+        logit_scale: the checkpoint's learned temperature, ``exp(logit_scale)`` (zero-shot
+            scores are ``logit_scale * cosine``; None: unknown, OpenAI CLIP's 100 is used).
+        logit_bias: SigLIP's learned bias (scores pass a sigmoid); None for softmax models.
     """
 
     name: str
@@ -56,6 +59,8 @@ class ModelSpec:
     variant: str = "fp32"
     manifest_path: Path | None = None
     declared_sha256: Mapping[str, str] = field(default_factory=dict)
+    logit_scale: float | None = None
+    logit_bias: float | None = None
 
     def model_files(self) -> list[Path]:
         """Every file the model is made of (towers, tokenizer, external data)."""

@@ -2,12 +2,13 @@
 
 The factory only assembles: state (:mod:`.state`), middleware (:mod:`.middleware`), metrics
 (:mod:`.metrics`), the error table (:mod:`.errors`) and one router per resource
-(:mod:`.routes`: ``ops``, ``embeddings``, ``search``, ``admin``). Endpoints: ``POST
-/v1/embeddings``, ``GET /v1/models`` (OpenAI-compatible), ``POST /embed/image``, ``POST
-/embed/text``, ``POST /index/items``, ``POST /search``, ``GET /items/{id}/thumbnail``, ``GET
-/healthz``, ``GET /readyz``, ``GET /stats``, ``GET /metrics``, ``POST /admin/reload``, ``GET /``
-(search page); OpenAPI at ``/docs``. Concurrent single-item requests are coalesced by
-:class:`MicroBatcher`; all model and index work runs in worker threads.
+(:mod:`.routes`: ``ops``, ``embeddings``, ``search``, ``classify``, ``admin``). Endpoints:
+``POST /v1/embeddings``, ``GET /v1/models`` (OpenAI-compatible), ``POST /v1/classify``, ``POST
+/embed/image``, ``POST /embed/text``, ``POST /index/items``, ``POST /search``, ``GET
+/index/info``, ``GET /index/filters``, ``GET /items/{id}`` (and ``/thumbnail``, ``/preview``),
+``GET /healthz``, ``GET /readyz``, ``GET /stats``, ``GET /metrics``, ``POST /admin/reload``,
+``GET /admin/stats``, ``GET /`` (search page); OpenAPI at ``/docs``. Concurrent single-item
+requests are coalesced by :class:`MicroBatcher`; all model and index work runs in threads.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics
 from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard
-from themis_clip.server.routes import admin, embeddings, ops, search
+from themis_clip.server.routes import admin, classify, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState
 
@@ -115,6 +116,6 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         on_event=lambda name: metrics.guard_events.labels(name).inc(),
     )
     install_error_handlers(app, metrics, settings.request_timeout_s)
-    for module in (ops, embeddings, search, admin):
+    for module in (ops, embeddings, search, classify, admin):
         app.include_router(module.router)
     return app

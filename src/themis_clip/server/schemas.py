@@ -50,6 +50,12 @@ class SearchRequest(_Strict):
     text: str | None = None
     image: str | None = Field(default=None, description="base64 image bytes or a data URL")
     vector: list[StrictFloat] | None = Field(default=None, max_length=65536)
+    item: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="more like this: the id of an indexed item, searched by its stored vector",
+    )
     k: StrictInt = Field(default=10, ge=1, le=1000)
     filters: dict[str, Any] | None = Field(
         default=None, description="metadata key → value that hits must have (at most 32 keys)"
@@ -65,3 +71,10 @@ class ReloadRequest(_Strict):
         default=False,
         description="swap even though the attached index's vectors become incomparable",
     )
+
+
+class ClassifyRequest(_Strict):
+    image: str | None = Field(default=None, description="base64 image bytes or a data URL")
+    item: str | None = Field(default=None, min_length=1, max_length=1024)
+    labels: list[str] = Field(min_length=1, max_length=1024)
+    template: str = Field(default="a photo of a {}", max_length=1000)

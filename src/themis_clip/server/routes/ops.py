@@ -10,15 +10,32 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from themis_clip.server.page import PAGE
+from themis_clip.server.errors import APIError
+from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.state import AppState, StateDep
 
 router = APIRouter()
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
-async def page() -> str:
-    return PAGE
+async def page() -> Response:
+    return Response(
+        index_html(),
+        media_type="text/html; charset=utf-8",
+        headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"},
+    )
+
+
+@router.get("/static/{name}", include_in_schema=False)
+async def static_asset(name: str) -> Response:
+    data = asset(name)
+    if data is None:
+        raise APIError(404, "NotFound", f"no asset {name!r}")
+    return Response(
+        data,
+        media_type=ASSETS[name],
+        headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"},
+    )
 
 
 @router.get("/healthz")

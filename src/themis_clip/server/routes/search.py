@@ -18,7 +18,7 @@ from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
-from themis_clip.server.state import StateDep
+from themis_clip.server.state import AppState, StateDep
 
 router = APIRouter()
 
@@ -71,9 +71,24 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
 @router.post("/search")
 async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
-    given = [x is not None for x in (body.text, body.image, body.vector)]
+    given = [x is not None for x in (body.text, body.image, body.vector, body.item)]
     if sum(given) != 1:
-        raise APIError(422, "ValidationError", "give exactly one of 'text', 'image' or 'vector'")
+        raise APIError(
+            422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
+        )
+    if body.item is not None:
+        current = state.stamp()
+        item_key = body.item
+
+        def like() -> tuple[list[Any], str]:
+            with state.index_lock:
+                try:
+                    return idx.search_like(item_key, body.k, body.filters), idx.mode
+                except KeyError:
+                    raise APIError(404, "NotFound", f"no item {item_key!r}") from None
+
+        hits, mode = await asyncio.to_thread(like)
+        return _results(hits, mode, current.model_id)
     if body.vector is not None:
         query = np.asarray(body.vector, dtype=np.float32)
         current = state.stamp()
@@ -109,6 +124,10 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
             return idx.search(query, body.k, body.filters), idx.mode
 
     hits, mode = await asyncio.to_thread(run)
+    return _results(hits, mode, current.model_id)
+
+
+def _results(hits: list[Any], mode: str, model_id: str) -> dict[str, Any]:
     return {
         "results": [
             {
@@ -117,17 +136,75 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
                 "path": h.path,
                 "metadata": h.metadata,
                 "thumbnail": f"/items/{quote(h.key, safe='')}/thumbnail",
+                "preview": f"/items/{quote(h.key, safe='')}/preview",
             }
             for h in hits
         ],
-        "model_id": current.model_id,
+        "model_id": model_id,
         "mode": mode,
     }
 
 
+@router.get("/index/info")
+async def index_info(state: StateDep) -> dict[str, Any]:
+    """What the search page's header shows: size, search mode, the index's and server's model."""
+    idx = state.require_index()
+
+    def read() -> dict[str, Any]:
+        with state.index_lock:
+            stamp = idx.stamp
+            return {
+                "items": idx.store.count(),
+                "mode": idx.mode,
+                "graph_building": idx.graph_building,
+                "model_id": stamp.model_id if stamp else None,
+                "dim": stamp.dim if stamp else None,
+            }
+
+    info = await asyncio.to_thread(read)
+    served = state.plugin.model_identity
+    info["server_model_id"] = served.model_id if served else None
+    info["comparable"] = info["model_id"] is None or (
+        served is not None
+        and idx.stamp is not None
+        and (idx.stamp.sha256, idx.stamp.dim) == (served.sha256, served.embedding_dim)
+    )
+    return info
+
+
+@router.get("/index/filters")
+async def index_filters(state: StateDep) -> dict[str, Any]:
+    """The metadata keys the index holds, with item counts and their most common values."""
+    idx = state.require_index()
+
+    def read() -> list[dict[str, Any]]:
+        with state.index_lock:
+            return idx.store.metadata_facets()
+
+    return {"keys": await asyncio.to_thread(read)}
+
+
 @router.get("/items/{key:path}/thumbnail")
 async def thumbnail(key: str, state: StateDep) -> Response:
+    return await _picture(state, key, 192)
+
+
+MAX_PREVIEW = 1024
+
+
+@router.get("/items/{key:path}/preview")
+async def preview(key: str, state: StateDep, size: int = 768) -> Response:
+    """A larger JPEG of the item for the viewer: at most ``size`` (64-1024) px a side. Items
+    added over HTTP have only their stored thumbnail; the original file is never served."""
+    if not 64 <= size <= MAX_PREVIEW:
+        raise APIError(422, "ValidationError", f"size: between 64 and {MAX_PREVIEW}")
+    return await _picture(state, key, size)
+
+
+async def _picture(state: AppState, key: str, size: int) -> Response:
     idx = state.require_index()
+    budget = state.plugin.pixel_budget
+    max_pixels = state.settings.plugin_config.preprocess.max_image_pixels
 
     def load() -> bytes | None:
         with state.index_lock:
@@ -138,7 +215,11 @@ async def thumbnail(key: str, state: StateDep) -> Response:
         if stored is not None:
             return stored
         # Only files the index itself recorded are ever read: never a path from the request.
-        return make_thumbnail(Path(item.path)) if item.path else None
+        if not item.path:
+            return None
+        return make_thumbnail(
+            Path(item.path), size=size, budget=budget, max_image_pixels=max_pixels
+        )
 
     try:
         data = await asyncio.to_thread(load)
@@ -147,3 +228,26 @@ async def thumbnail(key: str, state: StateDep) -> Response:
     if data is None:
         raise APIError(404, "NotFound", f"no item {key!r}")
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+
+@router.get("/items/{key:path}")
+async def item_info(key: str, state: StateDep) -> dict[str, Any]:
+    """One indexed item: id, path (as the index recorded it), size, metadata, pictures."""
+    idx = state.require_index()
+
+    def load() -> Any:
+        with state.index_lock:
+            return idx.store.get(key)
+
+    item = await asyncio.to_thread(load)
+    if item is None:
+        raise APIError(404, "NotFound", f"no item {key!r}")
+    quoted = quote(item.key, safe="")
+    return {
+        "id": item.key,
+        "path": item.path,
+        "size": item.size,
+        "metadata": item.metadata,
+        "thumbnail": f"/items/{quoted}/thumbnail",
+        "preview": f"/items/{quoted}/preview",
+    }

@@ -1,0 +1,64 @@
+"""Zero-shot classification: ``POST /v1/classify`` (an image or an indexed item against labels)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter
+
+from themis_clip.server.errors import APIError
+from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.schemas import ClassifyRequest
+from themis_clip.server.state import StateDep
+from themis_clip.zeroshot import MAX_LABELS
+
+router = APIRouter()
+
+
+@router.post("/v1/classify")
+async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
+    """Per-label probabilities for one image (``image``) or an indexed item (``item``).
+
+    Softmax over the labels for CLIP models, an independent sigmoid per label for models that
+    record a ``logit_bias`` (SigLIP); labels are returned most probable first.
+    """
+    plugin = state.require_ready()
+    if (body.image is None) == (body.item is None):
+        raise APIError(422, "ValidationError", "give exactly one of 'image' or 'item'")
+    current = state.stamp()
+    if body.item is not None:
+        idx = state.require_index()
+        key = body.item
+
+        def stored() -> Any:
+            with state.index_lock:
+                stamp = idx.stamp
+                if stamp is not None:
+                    idx.bind_model(current)  # 409 when the index was built by another model
+                return idx.store.vector(key)
+
+        vector = await asyncio.to_thread(stored)
+        if vector is None:
+            raise APIError(404, "NotFound", f"no item {key!r}")
+    else:
+        result = await state.embed_image(decode_image_field(body.image or ""))
+        raise_for(result, "image")
+        vector = result.embedding
+    scores = await asyncio.to_thread(
+        plugin.classify_embedding,
+        vector,
+        body.labels,
+        template=body.template,
+        max_labels=MAX_LABELS,
+    )
+    ranked = sorted(scores, key=lambda s: -s.probability)
+    identity = plugin.model_identity
+    return {
+        "labels": [
+            {"label": s.label, "probability": s.probability, "logit": s.logit, "cosine": s.cosine}
+            for s in ranked
+        ],
+        "model_id": identity.model_id if identity else current.model_id,
+        "scoring": "sigmoid" if plugin.scoring["logit_bias"] is not None else "softmax",
+    }
