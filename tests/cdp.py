@@ -108,6 +108,34 @@ class Browser:
                 text="\r" if kind == "keyDown" else "",
             )
 
+    def press(self, key: str, code: str | None = None, key_code: int = 0) -> None:
+        """A key press (down and up) delivered to the focused element, as a user's would be."""
+        for kind in ("keyDown", "keyUp"):
+            params: dict[str, Any] = {
+                "type": kind,
+                "key": key,
+                "code": code or key,
+                "windowsVirtualKeyCode": key_code,
+            }
+            if kind == "keyDown" and len(key) == 1:
+                params["text"] = key
+            self.call("Input.dispatchKeyEvent", **params)
+
+    def set_files(self, selector: str, paths: list[str]) -> None:
+        """Choose ``paths`` in a file input, as the file picker would."""
+        root = self.call("DOM.getDocument")["root"]["nodeId"]
+        node = self.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        self.call("DOM.setFileInputFiles", nodeId=node, files=paths)
+
+    def viewport(self, width: int, height: int, *, mobile: bool = False) -> None:
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=mobile,
+        )
+
     def screenshot(self, path: Path) -> None:
         path.write_bytes(
             base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])

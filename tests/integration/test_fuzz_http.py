@@ -164,9 +164,7 @@ def test_raw_bytes_and_content_types(
     check(client.post(route, content=raw, headers={"content-type": content_type}))
 
 
-header_text = st.text(
-    st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40
-)
+header_text = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
 
 
 @FUZZ

@@ -1,0 +1,335 @@
+"""The search page a photo-library user expects, in a real headless Chromium (issue 18).
+
+One server and one browser for the module: the index holds a 40-scene gallery (indexed from a
+folder by the CLI) plus items added over HTTP with metadata, two of them hostile (file names and
+metadata carrying ``<script>`` and ``"onerror=``). Screenshots at desktop and phone widths go to
+``$THEMIS_ARTIFACTS`` (default ``test-artifacts/``, not committed).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cdp import Browser, chromium
+from tests.helpers import ServerProcess
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        chromium() is None and not os.environ.get("CI"),
+        reason="chromium not installed (CI installs it)",
+    ),
+]
+
+ARTIFACTS = Path(os.environ.get("THEMIS_ARTIFACTS", Path(__file__).parents[2] / "test-artifacts"))
+# axe-core, the accessibility engine, fetched once from the npm registry and verified.
+AXE_VERSION = "4.14.1"
+AXE_INTEGRITY = "sha512-FHfa+lmNjQZfJz1q8wKqIDwC6DExcHt/pkjNQb09a3NPjCKg2rhu5qb2S4r76ASyFNNtuFooJpZe37OgudVGtQ=="
+XSS_ID = '<img src=x onerror="window.__xss=1">.jpg'
+XSS_META = {"<script>window.__xss=2</script>": '"onerror="window.__xss=3" x="', "album": "b"}
+
+
+def axe_source() -> str:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "themis-clip-tests"
+    tgz = cache / f"axe-core-{AXE_VERSION}.tgz"
+    if not tgz.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        url = f"https://registry.npmjs.org/axe-core/-/axe-core-{AXE_VERSION}.tgz"
+        tgz.write_bytes(urllib.request.urlopen(url, timeout=60).read())
+    data = tgz.read_bytes()
+    digest = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    assert digest == AXE_INTEGRITY, "axe-core tarball does not match the registry's integrity"
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.extractfile("package/axe.min.js")
+        assert member is not None
+        return member.read().decode()
+
+
+def png_b64(color: tuple[int, int, int]) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (96, 96), color).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    from themis_clip.demo.scenes import write_gallery
+
+    tmp = tmp_path_factory.mktemp("page")
+    write_gallery(tmp / "gallery", 40)
+    index = tmp / "idx.db"
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    subprocess.run(
+        [exe, "index", str(tmp / "gallery"), "--index", str(index)], check=True, capture_output=True
+    )
+    with ServerProcess(["--index", str(index)]) as server:
+        items = [
+            {"id": f"album-{c}-{i}", "image": png_b64(rgb), "metadata": {"album": c, "n": i}}
+            for i, (c, rgb) in enumerate(
+                [("a", (220, 30, 30)), ("a", (30, 30, 220)), ("b", (30, 200, 30))]
+            )
+        ]
+        items.append({"id": XSS_ID, "image": png_b64((200, 30, 40)), "metadata": XSS_META})
+        r = httpx.post(f"{server.base}/index/items", json={"items": items}, timeout=60)
+        assert r.status_code == 200, r.text
+        yield server.base, tmp
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    b = Browser()
+    yield b
+    b.close()
+
+
+def open_page(browser: Browser, url: str) -> None:
+    browser.navigate(url)
+    browser.wait_for("document.getElementById('info').textContent.includes('items')")
+
+
+def search(browser: Browser, text: str) -> int:
+    browser.evaluate("document.getElementById('q').value = ''")
+    browser.type_text("#q", text)
+    browser.press_enter()
+    browser.wait_for("document.getElementById('status').textContent.includes('for “" + text + "”')")
+    return int(browser.evaluate("document.querySelectorAll('#results img.thumb').length"))
+
+
+def all_thumbs_loaded(browser: Browser) -> None:
+    browser.wait_for(
+        "[...document.querySelectorAll('#results img.thumb')].every(i => i.complete && i.naturalWidth > 0)"
+    )
+
+
+def test_header_text_search_keyboard_and_load_more(
+    site: tuple[str, Path], browser: Browser
+) -> None:
+    base, _ = site
+    open_page(browser, base + "/")
+    info = browser.evaluate("document.getElementById('info').textContent")
+    assert "model themis-demo-shapes@" in info and "44 items" in info and "exact search" in info
+    browser.evaluate("document.activeElement.blur()")
+    browser.press("/", "Slash", 191)
+    assert browser.evaluate("document.activeElement.id") == "q"  # '/' focuses the query
+    assert browser.evaluate("document.getElementById('q').value") == ""  # and is not typed
+    assert search(browser, "a red circle") == 24
+    all_thumbs_loaded(browser)
+    # Hidden parts stay hidden (no query image for a text query, no viewer, no error look).
+    assert browser.evaluate(
+        "getComputedStyle(document.getElementById('query-preview')).display === 'none'"
+    )
+    assert browser.evaluate("document.getElementById('status').className") == "status"
+    assert browser.evaluate("!document.getElementById('more').hidden")
+    browser.evaluate("document.getElementById('more').click()")
+    browser.wait_for("document.querySelectorAll('#results img.thumb').length === 44")
+    assert browser.evaluate("document.getElementById('more').hidden")  # everything shown
+
+
+def test_file_picker_and_paste_search_by_image(site: tuple[str, Path], browser: Browser) -> None:
+    base, tmp = site
+    open_page(browser, base + "/")
+    picked = sorted((tmp / "gallery").iterdir())[7]
+    browser.set_files("#file", [str(picked)])
+    browser.wait_for(
+        "document.getElementById('status').textContent.includes('results for the picture')"
+    )
+    assert browser.evaluate("!document.getElementById('query-preview').hidden")
+    browser.wait_for("document.getElementById('query-img').naturalWidth > 0")  # the query's preview
+    first = browser.evaluate("document.querySelector('#results figcaption .name').textContent")
+    assert first == picked.name  # the picked file is its own best match
+    # Paste: a PNG on the clipboard, as Ctrl+V in the page delivers it.
+    browser.evaluate(
+        """(async () => {
+          const blob = await (await fetch('/items/album-b-2/thumbnail')).blob();
+          const data = new DataTransfer();
+          data.items.add(new File([blob], 'pasted.jpg', {type: 'image/jpeg'}));
+          document.dispatchEvent(new ClipboardEvent('paste', {clipboardData: data, bubbles: true}));
+        })()"""
+    )
+    browser.wait_for("document.getElementById('status').textContent.includes('results for the picture “pasted.jpg”')")
+    assert (
+        browser.evaluate("document.querySelector('#results figcaption .name').textContent")
+        == "album-b-2"
+    )
+
+
+def test_viewer_arrows_escape_and_more_like_this(site: tuple[str, Path], browser: Browser) -> None:
+    base, _ = site
+    open_page(browser, base + "/")
+    search(browser, "a blue square")
+    browser.evaluate("document.querySelectorAll('#results button.card')[2].click()")
+    browser.wait_for("document.getElementById('viewer').open")
+    browser.wait_for(
+        "document.getElementById('v-img').complete && document.getElementById('v-img').naturalWidth > 0"
+    )
+    third = browser.evaluate(
+        "document.querySelectorAll('#results figcaption .name')[2].textContent"
+    )
+    assert browser.evaluate("document.getElementById('v-title').textContent") == third
+    assert browser.evaluate("document.getElementById('v-img').alt") == third
+    assert browser.evaluate("document.getElementById('v-path').textContent").endswith(third)
+    # The preview is the bounded endpoint, never the file by path.
+    assert "/preview" in browser.evaluate("document.getElementById('v-img').src")
+    browser.press("ArrowRight", "ArrowRight", 39)
+    fourth = browser.evaluate(
+        "document.querySelectorAll('#results figcaption .name')[3].textContent"
+    )
+    browser.wait_for(f"document.getElementById('v-title').textContent === {json.dumps(fourth)}")
+    browser.press("ArrowLeft", "ArrowLeft", 37)
+    browser.wait_for(f"document.getElementById('v-title').textContent === {json.dumps(third)}")
+    browser.press("Escape", "Escape", 27)
+    browser.wait_for("!document.getElementById('viewer').open")
+    # More like this: the item itself comes first, found by its stored vector.
+    browser.evaluate("document.querySelectorAll('#results button.card')[5].click()")
+    browser.wait_for("document.getElementById('viewer').open")
+    sixth = browser.evaluate("document.getElementById('v-title').textContent")
+    browser.evaluate("document.getElementById('v-like').click()")
+    browser.wait_for("document.getElementById('status').textContent.includes('pictures like')")
+    assert not browser.evaluate("document.getElementById('viewer').open")
+    assert (
+        browser.evaluate("document.querySelector('#results figcaption .name').textContent") == sixth
+    )
+    score = browser.evaluate("document.querySelector('#results figcaption .score').textContent")
+    assert float(score) > 0.999
+
+
+def test_filters_narrow_results_and_zero_shot_labels(
+    site: tuple[str, Path], browser: Browser
+) -> None:
+    base, _ = site
+    open_page(browser, base + "/")
+    browser.wait_for("!document.getElementById('filters-box').hidden")
+    assert search(browser, "a green triangle") == 24
+    browser.evaluate(
+        """(() => {
+          const select = [...document.querySelectorAll('#filters select')]
+            .find(s => s.previousElementSibling.textContent.startsWith('album'));
+          select.value = JSON.stringify('b');
+          select.dispatchEvent(new Event('change'));
+        })()"""
+    )
+    browser.wait_for("document.getElementById('status').textContent.startsWith('2 results')")
+    names = browser.evaluate(
+        "[...document.querySelectorAll('#results figcaption .name')].map(n => n.textContent)"
+    )
+    assert sorted(names) == sorted(["album-b-2", XSS_ID])
+    # Zero-shot labels on the viewed item: per-label probabilities that sum to one (softmax).
+    browser.evaluate("document.querySelector('#results button.card').click()")
+    browser.wait_for(
+        "document.getElementById('viewer').open && !document.getElementById('v-labels-form').hidden"
+    )
+    browser.type_text("#v-labels", "a green square, a red circle, a blue triangle")
+    browser.evaluate("document.getElementById('v-labels-form').requestSubmit()")
+    browser.wait_for("document.querySelectorAll('#v-probs li').length === 3")
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('#v-probs li span')].map(s => s.textContent)"
+    )
+    total = sum(float(re.search(r"([\d.]+)%$", r).group(1)) for r in rows)  # type: ignore[union-attr]
+    assert abs(total - 100) < 0.5, rows
+    browser.press("Escape", "Escape", 27)
+    browser.wait_for("!document.getElementById('viewer').open")
+
+
+def test_hostile_names_and_metadata_stay_text(site: tuple[str, Path], browser: Browser) -> None:
+    base, _ = site
+    open_page(browser, base + "/")
+    search(browser, "a red rectangle")
+    browser.evaluate("document.getElementById('more').click()")
+    browser.wait_for("document.querySelectorAll('#results img.thumb').length === 44")
+    names = browser.evaluate(
+        "[...document.querySelectorAll('#results figcaption .name')].map(n => n.textContent)"
+    )
+    assert XSS_ID in names  # shown literally
+    index = names.index(XSS_ID)
+    browser.evaluate(f"document.querySelectorAll('#results button.card')[{index}].click()")
+    browser.wait_for("document.getElementById('viewer').open")
+    keys = browser.evaluate("[...document.querySelectorAll('#v-meta th')].map(t => t.textContent)")
+    values = browser.evaluate(
+        "[...document.querySelectorAll('#v-meta td')].map(t => t.textContent)"
+    )
+    assert set(keys) == set(XSS_META) and set(values) == set(XSS_META.values())
+    assert browser.evaluate("window.__xss === undefined")  # nothing ran
+    assert browser.evaluate("document.querySelectorAll('script').length") == 1  # only app.js
+    assert (
+        browser.evaluate("document.querySelectorAll('[onerror], [onload], [onclick]').length") == 0
+    )
+    browser.press("Escape", "Escape", 27)
+
+
+def test_csp_header_and_no_inline_code(site: tuple[str, Path]) -> None:
+    base, _ = site
+    page = httpx.get(base + "/")
+    csp = page.headers["content-security-policy"]
+    assert (
+        "default-src 'none'" in csp and "script-src 'self'" in csp and "'unsafe-inline'" not in csp
+    )
+    assert "frame-ancestors 'none'" in csp and page.headers["x-content-type-options"] == "nosniff"
+    html = page.text
+    assert not re.search(r"\son[a-z]+\s*=", html, re.I)  # no inline event handlers
+    assert re.findall(r"<script[^>]*>(.*?)</script>", html, re.S) == [""]  # no inline script
+    assert "style=" not in html
+    js = httpx.get(base + "/static/app.js").text
+    assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
+    assert httpx.get(base + "/static/../pyproject.toml").status_code == 404
+
+
+def test_accessibility_and_screenshots(site: tuple[str, Path], browser: Browser) -> None:
+    base, _ = site
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    axe = axe_source()
+    serious: list[str] = []
+    for width, height, mobile, name in ((1280, 860, False, "desktop"), (390, 844, True, "phone")):
+        browser.viewport(width, height, mobile=mobile)
+        open_page(browser, base + "/?q=a%20red%20circle")
+        browser.wait_for("document.querySelectorAll('#results img.thumb').length === 24")
+        all_thumbs_loaded(browser)
+        browser.screenshot(ARTIFACTS / f"search-page-{name}.png")
+        browser.evaluate(axe)  # DevTools evaluation is not subject to the page's CSP
+        for state in ("results", "viewer"):
+            if state == "viewer":
+                browser.evaluate("document.querySelector('#results button.card').click()")
+                browser.wait_for("document.getElementById('v-img').naturalWidth > 0")
+                browser.screenshot(ARTIFACTS / f"search-page-{name}-viewer.png")
+            report = browser.evaluate(
+                "axe.run(document, {resultTypes: ['violations']}).then(r => r.violations"
+                ".map(v => ({id: v.id, impact: v.impact, nodes: v.nodes.length})))"
+            )
+            serious += [
+                f"{name}/{state}: {v}" for v in report if v["impact"] in ("serious", "critical")
+            ]
+        browser.press("Escape", "Escape", 27)
+    assert serious == [], serious
+    assert (ARTIFACTS / "search-page-desktop.png").stat().st_size > 10_000
+
+
+def test_empty_index_and_no_index_say_what_to_do(tmp_path: Path, browser: Browser) -> None:
+    browser.viewport(1280, 860)
+    with ServerProcess(["--index", str(tmp_path / "empty.db"), "--no-warmup"]) as server:
+        browser.navigate(server.base + "/")
+        browser.wait_for(
+            "document.getElementById('status').textContent.includes('The index is empty')"
+        )
+        assert "themis-clip index DIR" in browser.evaluate(
+            "document.getElementById('status').textContent"
+        )
+    with ServerProcess(["--no-warmup"]) as server:
+        browser.navigate(server.base + "/")
+        browser.wait_for("document.getElementById('info').textContent.includes('no index')")
+        status = browser.evaluate("document.getElementById('status').textContent")
+        assert "--index PATH" in status
