@@ -162,7 +162,9 @@ def test_file_picker_and_paste_search_by_image(site: tuple[str, Path], browser: 
           document.dispatchEvent(new ClipboardEvent('paste', {clipboardData: data, bubbles: true}));
         })()"""
     )
-    browser.wait_for("document.getElementById('status').textContent.includes('results for the picture “pasted.jpg”')")
+    browser.wait_for(
+        "document.getElementById('status').textContent.includes('results for the picture “pasted.jpg”')"
+    )
     assert (
         browser.evaluate("document.querySelector('#results figcaption .name').textContent")
         == "album-b-2"

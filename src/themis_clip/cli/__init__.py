@@ -18,13 +18,13 @@ from collections.abc import Sequence
 
 from themis_clip._version import __version__
 from themis_clip.allocator import pin_mmap_threshold
-from themis_clip.cli import dataset, demo, embed, export, index, serve
+from themis_clip.cli import classify, dataset, demo, embed, export, index, serve
 from themis_clip.cli.common import CLIError
 from themis_clip.errors import ThemisClipError
 
 __all__ = ["main"]
 
-_GROUPS = (embed, index, dataset, serve, export, demo)
+_GROUPS = (embed, classify, index, dataset, serve, export, demo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
