@@ -202,7 +202,9 @@ def test_viewer_arrows_escape_and_more_like_this(site: tuple[str, Path], browser
     browser.wait_for("document.getElementById('viewer').open")
     sixth = browser.evaluate("document.getElementById('v-title').textContent")
     browser.evaluate("document.getElementById('v-like').click()")
-    browser.wait_for("document.getElementById('status').textContent.includes('pictures like')")
+    browser.wait_for(
+        "document.getElementById('status').textContent.includes('results for pictures like')"
+    )
     assert not browser.evaluate("document.getElementById('viewer').open")
     assert (
         browser.evaluate("document.querySelector('#results figcaption .name').textContent") == sixth
