@@ -26,7 +26,7 @@ from themis_clip.errors import (
 from themis_clip.interface import BackendType
 from themis_clip.models.spec import ModelSpec
 from themis_clip.preprocess.image import ImagePreprocessor
-from themis_clip.preprocess.text import CLIPTokenizer
+from themis_clip.preprocess.text import CLIPTokenizer, HFTokenizer
 from themis_clip.runtime import (
     ORTSession,
 )
@@ -133,7 +133,14 @@ class VisualTower:
 class TextualTower:
     """Text tower: token ids ``[N, L]`` (+ mask) → ``embeddings [N, D]`` (not yet normalised)."""
 
-    def __init__(self, session: ORTSession, tokenizer: CLIPTokenizer, max_batch_size: int) -> None:
+    def __init__(
+        self,
+        session: ORTSession,
+        tokenizer: CLIPTokenizer | HFTokenizer,
+        max_batch_size: int,
+        *,
+        declared_mask: bool | None = None,
+    ) -> None:
         ints = [i for i in session.inputs if i.dtype.kind in "iu"]
         ids = next((i for i in ints if i.name in _TEXT_INPUT_NAMES), None)
         if ids is None and ints:
@@ -145,6 +152,18 @@ class TextualTower:
             )
         self.ids = ids
         self.mask = next((i for i in ints if i.name in _MASK_NAMES), None)
+        if declared_mask is True and self.mask is None:
+            raise ModelFormatError(
+                f"the model declares that its text tower takes an attention mask, but "
+                f"{session.name} has no mask input (inputs: "
+                + ", ".join(i.name for i in session.inputs)
+                + ")"
+            )
+        if declared_mask is False and self.mask is not None:
+            raise ModelFormatError(
+                f"the model declares a text tower without an attention mask, but {session.name} "
+                f"takes {self.mask.name!r}"
+            )
         others = [i.name for i in session.inputs if i is not ids and i is not self.mask]
         if others:
             raise ModelFormatError(
@@ -173,7 +192,12 @@ class TextualTower:
         for start in range(0, len(order), step):
             idx = order[start : start + step]
             chunk = [rows[i] for i in idx]
-            length = self.fixed_length or max(len(r) for r in chunk)
+            if self.fixed_length:
+                length = self.fixed_length
+            elif self.tokenizer.pad_to_context:  # last-token pooling: the trained length
+                length = self.tokenizer.context_length
+            else:
+                length = max(len(r) for r in chunk)
             ids, mask = self.tokenizer.pad(chunk, length, self.ids.dtype)
             feeds = {self.ids.name: ids}
             if self.mask is not None:

@@ -86,7 +86,7 @@ def validate(model: ClipModel) -> bool:
         return False
     if model.textual is not None:
         tok = model.textual.tokenizer
-        out = model.textual.run([[tok.sot_id, tok.eot_id]])
+        out = model.textual.run([tok.probe_row()])
         if out.shape != (1, dim) or not np.isfinite(out).all():
             log.warning("text tower returned %s, expected (1, %d)", out.shape, dim)
             return False

@@ -25,7 +25,7 @@ from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.layout import model_identity_digest, resolve_model
 from themis_clip.models.spec import ImageSpec, ModelSpec
 from themis_clip.preprocess.image import ImagePreprocessor
-from themis_clip.preprocess.text import CLIPTokenizer
+from themis_clip.preprocess.text import make_tokenizer
 from themis_clip.runtime import (
     ORTSession,
     SessionSettings,
@@ -112,8 +112,11 @@ def load_model(
         visual = VisualTower(visual_session, config.max_batch_size)
         textual = None
         if spec.textual_path is not None and spec.tokenizer_path is not None:
-            tokenizer = CLIPTokenizer(
-                spec.tokenizer_path, context_length=spec.context_length, pad_id=spec.pad_id
+            tokenizer = make_tokenizer(
+                spec.tokenizer_path,
+                spec.text,
+                context_length=spec.context_length,
+                pad_id=spec.pad_id,
             )
             t_path, t_mode, t_note = sources["textual"]
             note = note or t_note
@@ -121,7 +124,12 @@ def load_model(
                 t_path, chosen, settings, loading_mode=t_mode, name=spec.textual_path.name
             )
             sessions.append(text_session)
-            textual = TextualTower(text_session, tokenizer, config.max_batch_size)
+            textual = TextualTower(
+                text_session,
+                tokenizer,
+                config.max_batch_size,
+                declared_mask=spec.text.attention_mask,
+            )
         dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
         image_spec = _resolve_image_spec(spec, config, visual)
         try:

@@ -93,8 +93,10 @@ def embed_texts(
     results: list[EmbeddingResult | None],
     t0: float,
     stats: Statistics,
+    *,
+    language: str | None = None,
 ) -> None:
-    """Fill ``results`` for ``items``: tokenise, run length-sorted trimmed batches, normalise."""
+    """Fill ``results`` for ``items``: tokenise, run length-sorted padded batches, normalise."""
     if model.textual is None:
         raise ConfigError(
             f"model {model.identity.name} has no text tower; configure model.text_path "
@@ -111,7 +113,7 @@ def embed_texts(
             )
     if not valid_idx:
         return
-    batch = tokenizer.encode_batch([items[i] for i in valid_idx])
+    batch = tokenizer.encode_batch([items[i] for i in valid_idx], language)
     embeddings, valid = model.embed_token_rows(batch.rows)
     step = model.textual.fixed_batch or model.textual.batch_limit
     for start in range(0, len(valid_idx), step):

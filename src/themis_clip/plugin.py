@@ -356,9 +356,14 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         self._stats.record_call(images=len(final), errors=errors, latency_ms=elapsed_ms(t0))
         return final
 
-    def generate_text_embedding(self, text: str) -> EmbeddingResult:
-        """Embed one text; ``truncated`` says whether it was cut to the context length."""
-        return self.generate_text_embedding_batch([text])[0]
+    def generate_text_embedding(self, text: str, language: str | None = None) -> EmbeddingResult:
+        """Embed one text; ``truncated`` says whether it was cut to the context length.
+
+        ``language``: a Flores-200 code (``"eng_Latn"``) for models that take a language prefix
+        (NLLB-SigLIP); other models ignore it. A model that needs one and declares no default
+        fails with ``TextInputError`` when none is given.
+        """
+        return self.generate_text_embedding_batch([text], language=language)[0]
 
     # -- zero-shot classification ---------------------------------------------------------------
 
@@ -437,14 +442,18 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                     self._label_cache.popitem(last=False)
         return np.stack([known[p] for p in prompts]).astype(np.float32)  # type: ignore[misc]
 
-    def generate_text_embedding_batch(self, texts: Sequence[str]) -> list[EmbeddingResult]:
-        """Embed many texts: length-sorted batches trimmed to their longest sequence."""
+    def generate_text_embedding_batch(
+        self, texts: Sequence[str], language: str | None = None
+    ) -> list[EmbeddingResult]:
+        """Embed many texts in length-sorted batches, padded as the model's text description
+        says (to the longest row for CLIP, to the full context for last-token pooling);
+        ``language`` as in :meth:`generate_text_embedding`."""
         t0 = time.perf_counter()
         items = list(texts)
         results: list[EmbeddingResult | None] = [None] * len(items)
         try:
             with self._hold() as model:
-                embed_texts(model, items, results, t0, self._stats)
+                embed_texts(model, items, results, t0, self._stats, language=language)
         except Exception as exc:
             failure = translate(exc)
             results = [
@@ -532,7 +541,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                 tok = model.textual.tokenizer
                 for n in sorted({1, model.textual.batch_limit}):
                     t0 = time.perf_counter()
-                    model.textual.run([[tok.sot_id, tok.eot_id]] * n)
+                    model.textual.run([tok.probe_row()] * n)
                     timings[f"textual_b{n}_ms"] = elapsed_ms(t0)
         log.info("warmup done: %s", ", ".join(f"{k}={v:.1f}" for k, v in timings.items()))
         return timings

@@ -22,6 +22,9 @@ def register(sub: Any) -> None:
     p.add_argument("files", nargs="*", help="image files or folders (searched recursively)")
     p.add_argument("--text", action="append", default=[], help="a text to embed (repeatable)")
     p.add_argument(
+        "--language", help="Flores-200 code (eng_Latn) for models that take a language prefix"
+    )
+    p.add_argument(
         "-o", "--output", help="write .npy (matrix) or .jsonl; default: JSON lines on stdout"
     )
     model_args(p)
@@ -51,7 +54,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
             results += _embed_files(plugin, files)
         if args.text:
             names += args.text
-            results += plugin.generate_text_embedding_batch(args.text)
+            results += plugin.generate_text_embedding_batch(args.text, args.language)
         _write(names, results, args.output, is_text=[False] * len(files) + [True] * len(args.text))
     finally:
         plugin.shutdown()

@@ -41,10 +41,12 @@ from themis_clip.preprocess.text import pad_id_from_config
 from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
 
 __all__ = [
+    "FAMILIES",
     "PRECISIONS",
     "ExportReport",
     "create_random_checkpoint",
     "export_hf_checkpoint",
+    "family_of",
     "load_reference",
 ]
 
@@ -86,11 +88,56 @@ class _Textual(torch.nn.Module):
         return out if torch.is_tensor(out) else out.pooler_output
 
 
-def load_reference(checkpoint: Path) -> Any:
-    """The checkpoint as a PyTorch ``CLIPModel`` in eval mode (the parity reference)."""
-    from transformers import CLIPModel
+class _MaskedTextual(torch.nn.Module):
+    """Text towers that take an attention mask (BERT, XLM-R: bidirectional, masked pooling)."""
 
-    return CLIPModel.from_pretrained(str(checkpoint), local_files_only=True).eval()
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
+        return out if torch.is_tensor(out) else out.pooler_output
+
+
+#: ``config.json`` ``model_type`` → (transformers class, what the manifest's ``textual`` adds)
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "clip": ("CLIPModel", {}),
+    # SigLIP pools the last position: padded to the full context with the pad id, no mask,
+    # EOS appended by its SentencePiece tokenizer, open_clip's canonicalize cleaning.
+    "siglip": (
+        "SiglipModel",
+        {
+            "special_tokens": "tokenizer",
+            "padding": "max_length",
+            "attention_mask": False,
+            "clean": "canonicalize",
+        },
+    ),
+}
+
+
+def family_of(checkpoint: Path) -> str:
+    """The checkpoint's family (``config.json`` ``model_type``), refused if not exportable."""
+    path = checkpoint / "config.json"
+    try:
+        kind = json.loads(path.read_text("utf-8")).get("model_type")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read the checkpoint's config ({exc})") from exc
+    if kind not in FAMILIES:
+        raise ValueError(
+            f"{path}: model_type {kind!r} cannot be exported; supported: {', '.join(FAMILIES)}"
+        )
+    return str(kind)
+
+
+def load_reference(checkpoint: Path) -> Any:
+    """The checkpoint as its PyTorch model in eval mode (the parity reference):
+    ``CLIPModel`` or ``SiglipModel``, by ``config.json``'s ``model_type``."""
+    import transformers
+
+    cls = getattr(transformers, FAMILIES[family_of(checkpoint)][0])
+    return cls.from_pretrained(str(checkpoint), local_files_only=True).eval()
 
 
 def export_hf_checkpoint(
@@ -116,6 +163,8 @@ def export_hf_checkpoint(
         )
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    family = family_of(checkpoint)
+    text_fields = FAMILIES[family][1]
     model = load_reference(checkpoint)
     cfg = model.config
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +187,7 @@ def export_hf_checkpoint(
         )
         timings["visual_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ids = torch.full((2, 7), int(cfg.text_config.eos_token_id), dtype=torch.int64)
+        ids = torch.full((2, 7), int(cfg.text_config.eos_token_id or 1), dtype=torch.int64)
         _export(
             _Textual(model),
             (ids,),
@@ -165,7 +214,8 @@ def export_hf_checkpoint(
             _convert(out_dir / f"{tower}.onnx", target, precision, external_data_threshold_bytes)
             variants[precision][tower] = target.name
         timings[f"{precision}_s"] = time.perf_counter() - t0
-    dim = int(cfg.projection_dim)
+    with torch.no_grad():  # the image tower's output width (CLIP's projection_dim, SigLIP's hidden)
+        dim = int(_Visual(model)(torch.zeros(1, 3, size, size)).shape[-1])
     model_name = name or checkpoint.name
     write_manifest(
         out_dir,
@@ -178,11 +228,15 @@ def export_hf_checkpoint(
             "tokenizer": tok_file.name,
             "context_length": ctx,
             "pad_id": pad_id,
+            **text_fields,
         },
         variants=variants,
         extra={
-            "source": {"kind": "transformers", "checkpoint": checkpoint.name},
-            "scoring": {"logit_scale": float(model.logit_scale.exp()), "logit_bias": None},
+            "source": {"kind": "transformers", "family": family, "checkpoint": checkpoint.name},
+            "scoring": {
+                "logit_scale": float(model.logit_scale.exp()),
+                "logit_bias": float(model.logit_bias) if hasattr(model, "logit_bias") else None,
+            },
             **(extra_manifest or {}),
         },
     )
@@ -280,14 +334,19 @@ def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
 def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
     path = checkpoint / "preprocessor_config.json"
     pre = json.loads(path.read_text("utf-8")) if path.is_file() else {}
-    crop = pre.get("crop_size", default_size)
+    size: Any = pre.get("size")
+    # A processor that resizes to height x width and never crops squashes (SigLIP, ...);
+    # CLIP resizes the shortest edge, then centre-crops.
+    squash = isinstance(size, dict) and "height" in size and "crop_size" not in pre
+    crop = pre.get("crop_size", size.get("height") if squash else default_size)
     if isinstance(crop, dict):
         crop = crop.get("height", default_size)
+    do_crop = pre.get("do_center_crop", not squash)
     return {
         "image_size": int(crop),
         "mean": list(pre.get("image_mean", CLIP_MEAN)),
         "std": list(pre.get("image_std", CLIP_STD)),
-        "resize_mode": "shortest" if pre.get("do_center_crop", True) else "squash",
+        "resize_mode": "shortest" if do_crop else "squash",
         "interpolation": HF_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
     }
 

@@ -7,7 +7,10 @@ This project's directory layout::
                        "visual":  {"file": "visual.onnx", "image_size": 224, "mean": [...],
                                    "std": [...], "resize_mode": "shortest"},
                        "textual": {"file": "textual.onnx", "tokenizer": "tokenizer.json",
-                                   "context_length": 77, "pad_id": 0},
+                                   "context_length": 77, "pad_id": 0,
+                                   "special_tokens": "clip", "padding": "longest",
+                                   "attention_mask": null, "clean": "openai",
+                                   "language_prefix": null, "default_language": null},
                        "variants": {"int8": {"visual": "visual.int8.onnx", ...}},
                        "scoring": {"logit_scale": 100.0, "logit_bias": null},
                        "files": {"visual.onnx": "<sha256>", ...}}
@@ -30,7 +33,7 @@ import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
 from themis_clip.models.peers import detect_peer_layout
-from themis_clip.models.spec import ImageSpec, ModelSpec
+from themis_clip.models.spec import ImageSpec, ModelSpec, TextSpec
 from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
 
 __all__ = [
@@ -214,7 +217,23 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
         declared_sha256={k: v.lower() for k, v in declared.items()},
         logit_scale=scoring.finite("logit_scale", positive=True),
         logit_bias=scoring.finite("logit_bias"),
+        text=_text_spec(textual, manifest),
     )
+
+
+def _text_spec(textual: _Fields, source: Path) -> TextSpec:
+    spec = TextSpec(
+        special_tokens=textual.get("special_tokens", str) or "clip",
+        padding=textual.get("padding", str) or "longest",
+        attention_mask=textual.get("attention_mask", bool),
+        clean=textual.get("clean", str) or "openai",
+        language_prefix=textual.get("language_prefix", str),
+        default_language=textual.get("default_language", str),
+    )
+    problems = spec.problems()
+    if problems:
+        raise ModelFormatError(f"{source}: textual: {'; '.join(problems)}")
+    return spec
 
 
 class _Fields:

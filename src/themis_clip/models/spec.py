@@ -23,6 +23,59 @@ class ImageSpec:
     fill: tuple[int, int, int] = (0, 0, 0)
 
 
+#: text cleaning rules: OpenAI's exact ``whitespace_clean(basic_clean(t)).lower()``, and
+#: open_clip's ``tokenizer_kwargs.clean`` choices (``canonicalize``: SigLIP; ``lower``,
+#: ``whitespace``), or none
+TEXT_CLEANING = ("openai", "canonicalize", "lower", "whitespace", "none")
+#: who adds the special tokens: this package (CLIP's SOT ... EOT) or the tokenizer's own
+#: post-processor (SigLIP's appended EOS, BERT's CLS/SEP, XLM-R's <s></s>)
+SPECIAL_TOKENS = ("clip", "tokenizer")
+#: how a batch is padded: to its longest row (graphs that take a mask or pool at EOT) or to the
+#: full context (graphs that pool the last position: SigLIP)
+PADDING = ("longest", "max_length")
+#: language prefixes: Flores-200 codes glued to the text with no space (NLLB-SigLIP, as immich)
+LANGUAGE_PREFIXES = ("flores200",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextSpec:
+    """How text becomes token ids for one model: part of its description, never a guess.
+
+    Attributes:
+        special_tokens: ``"clip"`` or ``"tokenizer"`` (see :data:`SPECIAL_TOKENS`).
+        padding: ``"longest"`` or ``"max_length"`` (see :data:`PADDING`).
+        attention_mask: True: the graph must take a mask; False: it must not; None: as the
+            graph declares.
+        clean: one of :data:`TEXT_CLEANING`.
+        language_prefix: None, or ``"flores200"``.
+        default_language: the code used when a caller gives none (None: callers must give one).
+    """
+
+    special_tokens: str = "clip"
+    padding: str = "longest"
+    attention_mask: bool | None = None
+    clean: str = "openai"
+    language_prefix: str | None = None
+    default_language: str | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with this description (empty: nothing)."""
+        out = []
+        for name, value, allowed in (
+            ("special_tokens", self.special_tokens, SPECIAL_TOKENS),
+            ("padding", self.padding, PADDING),
+            ("clean", self.clean, TEXT_CLEANING),
+        ):
+            if value not in allowed:
+                out.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if self.language_prefix is not None and self.language_prefix not in LANGUAGE_PREFIXES:
+            out.append(
+                f"language_prefix must be one of {', '.join(LANGUAGE_PREFIXES)}; "
+                f"got {self.language_prefix!r}"
+            )
+        return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A resolved model source.
@@ -44,6 +97,7 @@ class ModelSpec:
         logit_scale: the checkpoint's learned temperature, ``exp(logit_scale)`` (zero-shot
             scores are ``logit_scale * cosine``; None: unknown, OpenAI CLIP's 100 is used).
         logit_bias: SigLIP's learned bias (scores pass a sigmoid); None for softmax models.
+        text: how text becomes token ids (tokenizer kind, padding, mask, cleaning, language).
     """
 
     name: str
@@ -61,6 +115,7 @@ class ModelSpec:
     declared_sha256: Mapping[str, str] = field(default_factory=dict)
     logit_scale: float | None = None
     logit_bias: float | None = None
+    text: TextSpec = field(default_factory=TextSpec)
 
     def model_files(self) -> list[Path]:
         """Every file the model is made of (towers, tokenizer, external data)."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+import re
+import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,16 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import ModelFormatError, TextInputError
+from themis_clip.models.spec import TextSpec
 
 __all__ = [
     "EOT_TOKEN",
     "SOT_TOKEN",
     "CLIPTokenizer",
+    "HFTokenizer",
     "TokenBatch",
+    "canonicalize",
+    "make_tokenizer",
     "openai_clean",
     "pad_id_from_config",
 ]
@@ -86,8 +92,15 @@ class CLIPTokenizer:
         # at least one character); text longer than this is cut before tokenising.
         self._char_limit = 64 * context_length
 
-    def encode_batch(self, texts: Sequence[str]) -> TokenBatch:
-        """Tokenise ``texts``.
+    #: CLIP pads a batch to its longest row (the tower pools at EOT, attention is causal)
+    pad_to_context = False
+
+    def probe_row(self) -> list[int]:
+        """The shortest valid sequence (warmup and validation runs)."""
+        return [self.sot_id, self.eot_id]
+
+    def encode_batch(self, texts: Sequence[str], language: str | None = None) -> TokenBatch:
+        """Tokenise ``texts`` (``language`` is accepted and unused: CLIP takes no prefix).
 
         Raises:
             TextInputError: an input is not a ``str``.
@@ -124,6 +137,153 @@ class CLIPTokenizer:
         return ids, mask
 
 
+class HFTokenizer:
+    """Any ``tokenizer.json`` that adds its own special tokens (SentencePiece/Unigram, WordPiece,
+    BPE with a post-processor): SigLIP, SigLIP 2, XLM-R, NLLB, Chinese-CLIP's BERT.
+
+    Text is cleaned by the model's rule (``TextSpec.clean``), prefixed with a language code where
+    the model takes one, encoded with the tokenizer's own special tokens and truncated to the
+    context by the tokenizer (its post-processor's tokens are kept, as Hugging Face does).
+
+    Raises:
+        ModelFormatError: the file cannot be read, or adds no special tokens although the model
+            declares that its tokenizer does.
+    """
+
+    def __init__(
+        self, path: Path, spec: TextSpec, *, context_length: int, pad_id: int | None = None
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        if context_length < 2:
+            raise ModelFormatError(f"context_length must be >= 2, got {context_length}")
+        try:
+            self._tokenizer = Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception subclass
+            raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
+        self._tokenizer.no_padding()
+        plain = self._tokenizer.encode("a b", add_special_tokens=False).ids
+        special = self._tokenizer.encode("a b", add_special_tokens=True).ids
+        if plain == special:
+            raise ModelFormatError(
+                f"{path} adds no special tokens, but the model declares that its tokenizer does "
+                "(special_tokens: tokenizer; e.g. SigLIP's EOS, BERT's [CLS]/[SEP]): this "
+                "tokenizer.json does not fit the model's family"
+            )
+        self.spec = spec
+        self.context_length = context_length
+        self.pad_to_context = spec.padding == "max_length"
+        if pad_id is None:
+            pad_id = pad_id_from_config(path.parent / "tokenizer_config.json", self._tokenizer)
+        self.pad_id: int = pad_id
+        self._char_limit = 64 * context_length
+        self._clean = _CLEANERS[spec.clean]
+
+    def probe_row(self) -> list[int]:
+        """A short valid sequence (warmup and validation runs)."""
+        return list(self._tokenizer.encode("a", add_special_tokens=True).ids)
+
+    def prefix_for(self, language: str | None) -> str:
+        """The text glued in front of every input (a Flores-200 code), or ``""``."""
+        if self.spec.language_prefix is None:
+            return ""
+        code = language or self.spec.default_language
+        if code is None:
+            raise TextInputError(
+                "this model needs a language code (Flores-200, e.g. 'eng_Latn', 'deu_Latn', "
+                "'zho_Hans'): pass language=... (the model declares no default)"
+            )
+        if not _FLORES.fullmatch(code):
+            raise TextInputError(
+                f"language {code[:40]!r} is not a Flores-200 code like 'eng_Latn' "
+                "(three lower-case letters, '_', a four-letter script)"
+            )
+        return code
+
+    def encode_batch(self, texts: Sequence[str], language: str | None = None) -> TokenBatch:
+        """Tokenise ``texts`` (each prefixed with ``language`` where the model takes one).
+
+        Raises:
+            TextInputError: an input is not a ``str``; a language code is needed or malformed.
+        """
+        prefix = self.prefix_for(language)
+        cleaned: list[str] = []
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TextInputError(f"text input {i} must be str, got {type(text).__name__}")
+            cleaned.append(prefix + self._clean(text)[: self._char_limit])
+        self._tokenizer.enable_truncation(self.context_length)
+        try:
+            encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=True)
+        finally:
+            self._tokenizer.no_truncation()
+        rows = [list(e.ids) for e in encodings]
+        truncated = [bool(e.overflowing) for e in encodings]
+        return TokenBatch(rows=rows, truncated=truncated)
+
+    def pad(
+        self, rows: Sequence[Sequence[int]], length: int, dtype: np.dtype[Any]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+        """Pad ``rows`` to ``length``; return ``(ids, attention_mask)`` of shape ``(n, length)``."""
+        ids = np.full((len(rows), length), self.pad_id, dtype=dtype)
+        mask = np.zeros((len(rows), length), dtype=dtype)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        return ids, mask
+
+
+def make_tokenizer(
+    path: Path, spec: TextSpec, *, context_length: int, pad_id: int | None
+) -> CLIPTokenizer | HFTokenizer:
+    """The tokenizer a model's text description asks for (CLIP's exact path, or the generic)."""
+    if spec.special_tokens == "clip" and spec.language_prefix is None:
+        if spec.clean != "openai":
+            raise ModelFormatError(
+                f"{path}: CLIP tokenisation cleans text as OpenAI does; clean {spec.clean!r} "
+                "needs special_tokens: tokenizer"
+            )
+        return CLIPTokenizer(path, context_length=context_length, pad_id=pad_id)
+    return HFTokenizer(path, spec, context_length=context_length, pad_id=pad_id)
+
+
+def _basic_clean(text: str) -> str:
+    import ftfy
+
+    return html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+
+
+def _whitespace_clean(text: str) -> str:
+    return " ".join(text.split()).strip()
+
+
+def canonicalize(text: str) -> str:
+    """open_clip's ``"canonicalize"`` cleaning (SigLIP): ``canonicalize_text(basic_clean(t))``:
+    ftfy and HTML unescaping, ``_`` to space, ASCII punctuation removed, lower-cased,
+    whitespace collapsed."""
+    text = _basic_clean(text).replace("_", " ").translate(_NO_PUNCTUATION).lower()
+    return _utf8(_whitespace_clean(text))
+
+
+def _lower(text: str) -> str:
+    """open_clip's ``"lower"``: ``whitespace_clean(basic_clean(t)).lower()``."""
+    return _utf8(_whitespace_clean(_basic_clean(text)).lower())
+
+
+def _whitespace(text: str) -> str:
+    """open_clip's ``"whitespace"``: ``whitespace_clean(basic_clean(t))``."""
+    return _utf8(_whitespace_clean(_basic_clean(text)))
+
+
+def _none(text: str) -> str:
+    return _utf8(text)
+
+
+def _utf8(text: str) -> str:
+    # a lone surrogate cannot reach the tokenizer (UTF-8 cannot carry it)
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def openai_clean(text: str) -> str:
     r"""OpenAI CLIP's ``whitespace_clean(basic_clean(text)).lower()``, to the letter.
 
@@ -156,3 +316,14 @@ def pad_id_from_config(config: Path, tokenizer: Any) -> int:
         if isinstance(pad, str) and (pad_id := tokenizer.token_to_id(pad)) is not None:
             return int(pad_id)
     return 0
+
+
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_FLORES = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
+_CLEANERS: dict[str, Callable[[str], str]] = {
+    "openai": openai_clean,
+    "canonicalize": canonicalize,
+    "lower": _lower,
+    "whitespace": _whitespace,
+    "none": _none,
+}

@@ -30,7 +30,7 @@ from themis_clip.server.metrics import Metrics
 from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard
 from themis_clip.server.routes import admin, classify, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
-from themis_clip.server.state import AppState
+from themis_clip.server.state import AppState, text_batch_fn
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -70,7 +70,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
             )
 
         state.image_batcher = batcher(p.generate_embedding_batch, "image")
-        state.text_batcher = batcher(p.generate_text_embedding_batch, "text")
+        state.text_batcher = batcher(text_batch_fn(p), "text")
         if settings.index_path:
             state.index = await asyncio.to_thread(
                 VectorIndex, settings.index_path, background_build=True

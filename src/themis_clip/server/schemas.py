@@ -11,6 +11,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _language() -> Any:
+    return Field(
+        default=None,
+        max_length=16,
+        description="Flores-200 code (eng_Latn) for models that take a language prefix",
+    )
+
+
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's ``/v1/embeddings`` body, plus infinity's ``modality`` for images."""
 
@@ -25,11 +33,13 @@ class OpenAIEmbeddingsRequest(BaseModel):
     dimensions: int | None = Field(
         default=None, ge=1, description="must equal the model's dimension (CLIP cannot shorten)"
     )
+    language: str | None = _language()
 
 
 class TextRequest(_Strict):
     text: str | None = None
     texts: list[str] | None = Field(default=None, max_length=2048)
+    language: str | None = _language()
 
 
 class IndexItem(_Strict):
@@ -60,6 +70,7 @@ class SearchRequest(_Strict):
     filters: dict[str, Any] | None = Field(
         default=None, description="metadata key → value that hits must have (at most 32 keys)"
     )
+    language: str | None = _language()
 
 
 class ReloadRequest(_Strict):

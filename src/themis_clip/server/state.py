@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -24,7 +25,7 @@ from themis_clip.server.metrics import Metrics
 from themis_clip.server.settings import ServerSettings
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["AppState", "StateDep", "get_state"]
+__all__ = ["AppState", "StateDep", "get_state", "text_batch_fn"]
 
 
 @dataclass
@@ -36,7 +37,7 @@ class AppState:
     index: VectorIndex | None = None
     index_lock: threading.Lock = field(default_factory=threading.Lock)
     image_batcher: MicroBatcher[bytes, EmbeddingResult] | None = None
-    text_batcher: MicroBatcher[str, EmbeddingResult] | None = None
+    text_batcher: MicroBatcher[tuple[str, str | None], EmbeddingResult] | None = None
     started: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)
 
@@ -49,8 +50,8 @@ class AppState:
         (result,) = await self.embed_images([data])
         return result
 
-    async def embed_text(self, text: str) -> EmbeddingResult:
-        (result,) = await self.embed_texts([text])
+    async def embed_text(self, text: str, language: str | None = None) -> EmbeddingResult:
+        (result,) = await self.embed_texts([text], language)
         return result
 
     async def embed_images(self, items: list[bytes]) -> list[EmbeddingResult]:
@@ -58,10 +59,13 @@ class AppState:
         assert self.image_batcher is not None
         return await self._all_one_model(self.image_batcher, items)
 
-    async def embed_texts(self, items: list[str]) -> list[EmbeddingResult]:
+    async def embed_texts(
+        self, items: list[str], language: str | None = None
+    ) -> list[EmbeddingResult]:
+        """Texts (with the request's language code, for models that take one)."""
         self.require_ready()
         assert self.text_batcher is not None
-        return await self._all_one_model(self.text_batcher, items)
+        return await self._all_one_model(self.text_batcher, [(t, language) for t in items])
 
     async def _all_one_model(
         self, batcher: MicroBatcher[Any, EmbeddingResult], items: list[Any]
@@ -97,3 +101,25 @@ def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def text_batch_fn(
+    plugin: OnnxClipPlugin,
+) -> Callable[[list[tuple[str, str | None]]], list[EmbeddingResult]]:
+    """The text batcher's function: requests of several languages share a batch; each
+    language's texts are embedded together."""
+
+    def run(items: list[tuple[str, str | None]]) -> list[EmbeddingResult]:
+        groups: dict[str | None, list[int]] = {}
+        for i, (_, language) in enumerate(items):
+            groups.setdefault(language, []).append(i)
+        out: list[EmbeddingResult | None] = [None] * len(items)
+        for language, idx in groups.items():
+            texts = [items[i][0] for i in idx]
+            for i, r in zip(
+                idx, plugin.generate_text_embedding_batch(texts, language), strict=True
+            ):
+                out[i] = r
+        return [r for r in out if r is not None]
+
+    return run

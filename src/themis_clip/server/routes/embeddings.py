@@ -68,7 +68,7 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, state: StateDep) -> d
     if body.modality == "image":
         results = await state.embed_images([decode_image_field(x) for x in inputs])
     else:
-        results = await state.embed_texts(list(inputs))
+        results = await state.embed_texts(list(inputs), body.language)
     for i, r in enumerate(results):
         raise_for(r, f"input[{i}]")
     rows = []
@@ -119,7 +119,7 @@ async def embed_text(body: TextRequest, state: StateDep) -> dict[str, Any]:
     texts = [body.text] if body.text is not None else list(body.texts or [])
     if not texts:
         raise APIError(422, "ValidationError", "texts: at least one text is required")
-    results = await state.embed_texts(texts)
+    results = await state.embed_texts(texts, body.language)
     for i, r in enumerate(results):
         raise_for(r, f"texts[{i}]")
     return {

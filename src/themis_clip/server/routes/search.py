@@ -106,7 +106,7 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
     else:
         for _ in range(3):  # the query and the index check must see the same model
             result = await (
-                state.embed_text(body.text)
+                state.embed_text(body.text, body.language)
                 if body.text is not None
                 else state.embed_image(decode_image_field(body.image or ""))
             )

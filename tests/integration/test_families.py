@@ -1,0 +1,302 @@
+"""Model families beyond OpenAI CLIP, exported from tiny random transformers checkpoints (slow).
+
+Each family's checkpoint is built here with a small tokenizer of the right kind, trained by
+``tokenizers`` in the test; our export must match PyTorch's ``get_image_features`` /
+``get_text_features`` (normalised) on the same weights, with token ids made by an independent
+restatement of the family's text rule (open_clip's cleaning, the tokenizer's own special tokens,
+the family's padding), and zero-shot probabilities must equal PyTorch's.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tests.helpers import photo_like  # noqa: E402
+from themis_clip import OnnxClipPlugin, PluginConfig  # noqa: E402
+from themis_clip.errors import ModelFormatError  # noqa: E402
+from themis_clip.export.hf import export_hf_checkpoint, load_reference  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+IMAGES = [photo_like(40 + 9 * i, 30 + 13 * i, i) for i in range(3)]
+TEXTS = [
+    "A photo of a CAT!",
+    "dog_on_a_sofa, (sleeping)",
+    "a red car " * 40,  # longer than the context: truncated, EOS kept
+    "",
+]
+CORPUS = [
+    "a photo of a cat",
+    "a dog on a sofa sleeping",
+    "a red car on a long street",
+    "the sky is blue and the tree is green",
+    "two people walking on the beach at sunset",
+] * 20
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return np.sum(a * b, axis=1)
+
+
+# -- SigLIP ------------------------------------------------------------------------------------
+
+
+def siglip_tokenizer(path: Path) -> None:
+    """A SentencePiece-style Unigram tokenizer as SigLIP's: ``</s>`` appended, pad = EOS = 1."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>"
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", 1)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"pad_token": "</s>", "eos_token": "</s>", "unk_token": "<unk>", "model_max_length": 16}
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def siglip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("siglip")
+    ckpt = root / "tiny-siglip"
+    ckpt.mkdir()
+    siglip_tokenizer(ckpt)
+    torch.manual_seed(7)
+    config = transformers.SiglipConfig(
+        text_config={
+            "vocab_size": 200,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 16,
+            "projection_size": 32,
+            "pad_token_id": 1,
+            "eos_token_id": 1,
+            "bos_token_id": None,
+        },
+        vision_config={
+            "image_size": 32,
+            "patch_size": 8,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+        },
+    )
+    model = transformers.SiglipModel(config).eval()
+    with torch.no_grad():  # a bias and scale unlike the initial ones, so that scoring shows them
+        model.logit_scale.fill_(2.0)
+        model.logit_bias.fill_(-3.0)
+    model.save_pretrained(ckpt)
+    transformers.SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(ckpt)
+    out = root / "model"
+    export_hf_checkpoint(ckpt, out, precisions=["fp32"])
+    return ckpt, out
+
+
+def open_clip_canonicalize(text: str) -> str:
+    """open_clip's ``canonicalize_text(basic_clean(text))``, restated."""
+    import ftfy
+
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    text = text.replace("_", " ").translate(str.maketrans("", "", string.punctuation)).lower()
+    return " ".join(text.split()).strip()
+
+
+def reference_ids(ckpt: Path, texts: list[str], length: int) -> list[list[int]]:
+    """What open_clip's HF tokenizer wrapper feeds SigLIP: padding and truncation to max_length."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.enable_truncation(length)
+    tok.enable_padding(length=length, pad_id=1, pad_token="</s>")
+    return [e.ids for e in tok.encode_batch([open_clip_canonicalize(t) for t in texts])]
+
+
+def start(path: Path) -> OnnxClipPlugin:
+    p = OnnxClipPlugin()
+    assert p.initialize(
+        PluginConfig.from_dict({"model": {"path": str(path)}, "max_batch_size": 8})
+    ), p.last_error
+    return p
+
+
+def test_siglip_export_matches_pytorch(siglip: tuple[Path, Path]) -> None:
+    ckpt, out = siglip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["visual"]["resize_mode"] == "squash" and manifest["visual"]["mean"] == [0.5] * 3
+    text = manifest["textual"]
+    assert (text["padding"], text["special_tokens"], text["clean"], text["attention_mask"]) == (
+        "max_length",
+        "tokenizer",
+        "canonicalize",
+        False,
+    )
+    assert text["context_length"] == 16 and text["pad_id"] == 1
+    assert manifest["scoring"] == {"logit_scale": pytest.approx(np.exp(2.0)), "logit_bias": -3.0}
+    model = load_reference(ckpt)
+    p = start(out)
+    engine = p._model
+    assert engine is not None
+    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    ids = reference_ids(ckpt, TEXTS, 16)
+    assert ids[2][-1] == 1 and len(ids[2]) == 16  # truncated, EOS kept last
+    with torch.no_grad():
+        ref_img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+        ref_txt = model.get_text_features(input_ids=torch.tensor(ids)).pooler_output.numpy()
+    got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+    assert cosines(got_img, ref_img).min() >= 0.99999
+    # One mixed-length batch: every row padded to the full 16 (last-token pooling).
+    results = p.generate_text_embedding_batch(TEXTS)
+    got_txt = np.stack([r.embedding for r in results])
+    assert cosines(got_txt, ref_txt).min() >= 0.99999, cosines(got_txt, ref_txt)
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    lengths = [len(plain.encode(open_clip_canonicalize(t)).ids) for t in TEXTS]
+    assert [r.truncated for r in results] == [n > 16 for n in lengths]
+    assert results[2].truncated and not results[3].truncated
+    for i, t in enumerate(TEXTS):  # and one at a time
+        single = p.generate_text_embedding(t).embedding
+        assert float(cosines(single[None], ref_txt[i : i + 1])[0]) >= 0.99999
+    # The padding rule is what makes it right: pooling an unpadded row gives another vector.
+    tok = engine.textual.tokenizer  # type: ignore[union-attr]
+    unpadded = tok.encode_batch(["a cat"]).rows
+    with torch.no_grad():
+        trimmed = model.get_text_features(input_ids=torch.tensor(unpadded)).pooler_output.numpy()
+        padded = model.get_text_features(
+            input_ids=torch.tensor(reference_ids(ckpt, ["a cat"], 16))
+        ).pooler_output.numpy()
+    ours = p.generate_text_embedding("a cat").embedding[None]  # type: ignore[index]
+    assert float(cosines(ours, padded)[0]) >= 0.99999
+    assert float(cosines(ours, trimmed)[0]) < 0.999
+
+
+def test_siglip_zero_shot_is_a_sigmoid_with_the_checkpoints_bias(siglip: tuple[Path, Path]) -> None:
+    ckpt, out = siglip
+    model = load_reference(ckpt)
+    p = start(out)
+    engine = p._model
+    assert engine is not None
+    labels = ["cat", "dog on a sofa", "red car"]
+    prompts = [f"a photo of a {x}" for x in labels]
+    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    ids = torch.tensor(reference_ids(ckpt, prompts, 16))
+    with torch.no_grad():
+        expected = torch.sigmoid(model(input_ids=ids, pixel_values=pixels).logits_per_image).numpy()
+    for i, image in enumerate(IMAGES):
+        got = np.array([s.probability for s in p.classify(image, labels)])
+        assert np.abs(got - expected[i]).max() < 1e-5, (got, expected[i])
+
+
+def test_a_tokenizer_that_does_not_fit_the_family_is_refused(
+    siglip: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    from themis_clip.export.tokenizer import build_clip_tokenizer
+
+    _, out = siglip
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    build_clip_tokenizer(broken / "tokenizer.json")  # a CLIP BPE file: no post-processor EOS
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["files"].pop("tokenizer.json", None)
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    p = OnnxClipPlugin()
+    assert not p.initialize(PluginConfig.from_dict({"model": {"path": str(broken)}}))
+    assert "adds no special tokens" in (p.last_error or "")
+
+
+def test_declared_mask_without_a_mask_input_is_refused(
+    siglip: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    _, out = siglip
+    broken = tmp_path / "mask"
+    shutil.copytree(out, broken)
+    manifest: dict[str, Any] = json.loads((broken / "manifest.json").read_text())
+    manifest["textual"]["attention_mask"] = True
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    p = OnnxClipPlugin()
+    assert not p.initialize(PluginConfig.from_dict({"model": {"path": str(broken)}}))
+    assert "declares that its text tower takes an attention mask" in (p.last_error or "")
+    manifest["textual"]["padding"] = "sideways"
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    from themis_clip.models.layout import resolve_model
+
+    with pytest.raises(ModelFormatError, match="padding must be one of longest, max_length"):
+        resolve_model(broken)
+
+
+def test_language_prefix_is_required_glued_and_reaches_http(
+    siglip: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    from fastapi.testclient import TestClient
+    from tokenizers import Tokenizer
+
+    from themis_clip.server import ServerSettings, create_app
+
+    ckpt, out = siglip
+    nllb = tmp_path / "nllb-like"
+    shutil.copytree(out, nllb)
+    manifest: dict[str, Any] = json.loads((nllb / "manifest.json").read_text())
+    manifest["textual"]["language_prefix"] = "flores200"
+    (nllb / "manifest.json").write_text(json.dumps(manifest))
+    p = start(nllb)
+    missing = p.generate_text_embedding("a cat")
+    assert not missing.ok and "needs a language code" in (missing.error or "")
+    assert missing.error_type == "TextInputError"
+    bad = p.generate_text_embedding("a cat", language="english")
+    assert not bad.ok and "not a Flores-200 code" in (bad.error or "")
+    engine = p._model
+    assert engine is not None and engine.textual is not None
+    rows = engine.textual.tokenizer.encode_batch(["A cat!"], "deu_Latn").rows
+    plain = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    assert rows[0] == plain.encode("deu_Latn" + open_clip_canonicalize("A cat!")).ids[:16]
+    de = p.generate_text_embedding("A cat!", language="deu_Latn").embedding
+    en = p.generate_text_embedding("A cat!", language="eng_Latn").embedding
+    assert de is not None and en is not None and float(de @ en) < 0.9999  # the code matters
+    app = create_app(
+        ServerSettings(
+            plugin_config=PluginConfig.from_dict({"model": {"path": str(nllb)}}), warmup=False
+        )
+    )
+    with TestClient(app) as c:
+        r = c.post("/embed/text", json={"texts": ["A cat!", "x"], "language": "deu_Latn"})
+        assert r.status_code == 200, r.text
+        assert np.allclose(r.json()["embeddings"][0], de, atol=1e-6)
+        r = c.post("/embed/text", json={"text": "A cat!"})
+        assert r.status_code == 422 and "needs a language code" in r.json()["error"]["message"]
+        r = c.post("/v1/embeddings", json={"input": ["A cat!"], "language": "eng_Latn"})
+        assert r.status_code == 200 and np.allclose(r.json()["data"][0]["embedding"], en, atol=1e-6)
+    # A model with a default language needs none from the caller.
+    manifest["textual"]["default_language"] = "eng_Latn"
+    (nllb / "manifest.json").write_text(json.dumps(manifest))
+    q = start(nllb)
+    default = q.generate_text_embedding("A cat!").embedding
+    assert default is not None and np.allclose(default, en, atol=1e-6)
