@@ -300,3 +300,218 @@ def test_language_prefix_is_required_glued_and_reaches_http(
     q = start(nllb)
     default = q.generate_text_embedding("A cat!").embedding
     assert default is not None and np.allclose(default, en, atol=1e-6)
+
+
+# -- BERT (Chinese-CLIP) and XLM-R (AltCLIP) text towers: the mask is an input -------------------
+
+CJK_CORPUS = [
+    "一只猫的照片",
+    "海边的日落",
+    "a photo of a cat",
+    "红色的汽车停在街上",
+    "two dogs playing in the park",
+] * 20
+MASKED_TEXTS = [
+    "一只猫的照片",
+    "A photo of a CAT",
+    "红色的汽车停在很长很长很长很长很长的街上 " * 5,
+    "海边",
+]
+
+
+def wordpiece_tokenizer(path: Path, context: int) -> None:
+    """A BERT WordPiece tokenizer (lower-casing, CJK characters split): [CLS] text [SEP]."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, handle_chinese_chars=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(
+        CJK_CORPUS, trainers.WordPieceTrainer(vocab_size=300, special_tokens=special)
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"pad_token": "[PAD]", "unk_token": "[UNK]", "model_max_length": context})
+    )
+
+
+def xlmr_tokenizer(path: Path, context: int) -> None:
+    """An XLM-R-style SentencePiece (Unigram) tokenizer: <s> text </s>, pad id 1."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    special = ["<s>", "<pad>", "</s>", "<unk>"]
+    tok.train_from_iterator(
+        CJK_CORPUS,
+        trainers.UnigramTrainer(vocab_size=300, special_tokens=special, unk_token="<unk>"),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"pad_token": "<pad>", "unk_token": "<unk>", "model_max_length": context})
+    )
+
+
+def _tiny_vision() -> dict[str, Any]:
+    return {
+        "image_size": 32,
+        "patch_size": 8,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    }
+
+
+@pytest.fixture(scope="module", params=["chinese_clip", "altclip"])
+def masked(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path, Path]:
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    ckpt = root / "ckpt"
+    ckpt.mkdir()
+    torch.manual_seed(11)
+    text = {
+        "vocab_size": 300,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    }
+    if family == "chinese_clip":
+        wordpiece_tokenizer(ckpt, 12)
+        config = transformers.ChineseCLIPConfig(
+            text_config={**text, "max_position_embeddings": 64, "pad_token_id": 0},
+            vision_config=_tiny_vision(),
+            projection_dim=16,
+        )
+        model = transformers.ChineseCLIPModel(config).eval()
+        processor = transformers.ChineseCLIPImageProcessor(
+            size={"height": 32, "width": 32}, do_center_crop=False
+        )
+    else:
+        xlmr_tokenizer(ckpt, 12)
+        config = transformers.AltCLIPConfig(
+            text_config={
+                **text,
+                "max_position_embeddings": 40,
+                "project_dim": 16,
+                "pad_token_id": 1,
+                "bos_token_id": 0,
+                "eos_token_id": 2,
+            },
+            vision_config=_tiny_vision(),
+            projection_dim=16,
+        )
+        model = transformers.AltCLIPModel(config).eval()
+        processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size=32)
+    model.save_pretrained(ckpt)
+    processor.save_pretrained(ckpt)
+    out = root / "model"
+    export_hf_checkpoint(ckpt, out, precisions=["fp32"])
+    return family, ckpt, out
+
+
+def test_masked_text_families_match_pytorch(masked: tuple[str, Path, Path]) -> None:
+    from tokenizers import Tokenizer
+
+    family, ckpt, out = masked
+    manifest = json.loads((out / "manifest.json").read_text())
+    text = manifest["textual"]
+    assert (text["attention_mask"], text["padding"], text["special_tokens"]) == (
+        True,
+        "longest",
+        "tokenizer",
+    )
+    assert text["context_length"] == 12
+    expected_mode = "squash" if family == "chinese_clip" else "shortest"
+    assert manifest["visual"]["resize_mode"] == expected_mode
+    model = load_reference(ckpt)
+    p = start(out)
+    engine = p._model
+    assert engine is not None and engine.textual is not None and engine.textual.mask is not None
+    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    # The reference ids: the tokenizer's own rule, padded to the longest row, with its mask.
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.enable_truncation(12)
+    pad_id = 0 if family == "chinese_clip" else 1
+    tok.enable_padding(pad_id=pad_id)
+    enc = tok.encode_batch(MASKED_TEXTS)
+    ids = torch.tensor([e.ids for e in enc])
+    mask = torch.tensor([e.attention_mask for e in enc])
+    with torch.no_grad():
+        ref_img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+        ref_txt = model.get_text_features(input_ids=ids, attention_mask=mask).pooler_output.numpy()
+    got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+    assert cosines(got_img, ref_img).min() >= 0.99999
+    results = p.generate_text_embedding_batch(MASKED_TEXTS)
+    got = np.stack([r.embedding for r in results])
+    assert cosines(got, ref_txt).min() >= 0.99999, cosines(got, ref_txt)
+    plain = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    assert [r.truncated for r in results] == [len(plain.encode(t).ids) > 12 for t in MASKED_TEXTS]
+    assert results[2].truncated
+    for i, t in enumerate(MASKED_TEXTS):  # one at a time: another padded length, same vector
+        single = p.generate_text_embedding(t).embedding
+        assert float(cosines(single[None], ref_txt[i : i + 1])[0]) >= 0.99999
+    # Zero-shot: softmax over scaled cosines, equal to PyTorch's logits_per_image.
+    with torch.no_grad():
+        probs = model(
+            input_ids=ids, attention_mask=mask, pixel_values=pixels
+        ).logits_per_image.softmax(-1)
+    for i, image in enumerate(IMAGES):
+        got_p = np.array([s.probability for s in p.classify(image, MASKED_TEXTS, template="{}")])
+        assert np.abs(got_p - probs[i].numpy()).max() < 1e-5
+
+
+# -- DFN / MetaCLIP / LAION: CLIPModel with either activation, squash preprocessing -------------
+
+
+@pytest.mark.parametrize("act", ["quick_gelu", "gelu"])
+def test_dfn_metaclip_style_clip_matches_pytorch(act: str, tmp_path: Path) -> None:
+    from themis_clip.export.hf import create_random_checkpoint
+    from themis_clip.export.tokenizer import build_clip_tokenizer
+
+    build_clip_tokenizer(tmp_path / "tokenizer.json")
+    ckpt = create_random_checkpoint(tmp_path / "ckpt", tmp_path / "tokenizer.json", seed=13)
+    config = json.loads((ckpt / "config.json").read_text())
+    for tower in ("text_config", "vision_config"):
+        config[tower]["hidden_act"] = act
+    (ckpt / "config.json").write_text(json.dumps(config))
+    pre = json.loads((ckpt / "preprocessor_config.json").read_text())
+    pre.update(do_center_crop=False, size={"height": 32, "width": 32})  # dfn5b: squash
+    pre.pop("crop_size", None)
+    (ckpt / "preprocessor_config.json").write_text(json.dumps(pre))
+    out = tmp_path / "model"
+    export_hf_checkpoint(ckpt, out, precisions=["fp32"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["visual"]["resize_mode"] == "squash"
+    assert manifest["textual"].get("padding", "longest") == "longest"  # the CLIP path, unchanged
+    model = load_reference(ckpt)
+    assert model.config.vision_config.hidden_act == act
+    p = start(out)
+    engine = p._model
+    assert engine is not None and engine.textual is not None
+    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    texts = ["a photo of a cat", "", "green " * 100]
+    rows = engine.textual.tokenizer.encode_batch(texts).rows
+    with torch.no_grad():
+        ref_img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+        ref_txt = np.concatenate(
+            [
+                model.get_text_features(input_ids=torch.tensor([r])).pooler_output.numpy()
+                for r in rows
+            ]
+        )
+    got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+    got_txt = np.stack([r.embedding for r in p.generate_text_embedding_batch(texts)])
+    assert cosines(got_img, ref_img).min() >= 0.99999
+    assert cosines(got_txt, ref_txt).min() >= 0.99999

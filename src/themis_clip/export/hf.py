@@ -114,6 +114,26 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "clean": "canonicalize",
         },
     ),
+    # BERT (Chinese-CLIP) and XLM-R (AltCLIP) text towers: bidirectional, so the mask is an
+    # input; their tokenizer.json adds [CLS]/[SEP] or <s></s> and normalises text itself.
+    "chinese_clip": (
+        "ChineseCLIPModel",
+        {
+            "special_tokens": "tokenizer",
+            "padding": "longest",
+            "attention_mask": True,
+            "clean": "none",
+        },
+    ),
+    "altclip": (
+        "AltCLIPModel",
+        {
+            "special_tokens": "tokenizer",
+            "padding": "longest",
+            "attention_mask": True,
+            "clean": "none",
+        },
+    ),
 }
 
 
@@ -172,7 +192,8 @@ def export_hf_checkpoint(
     pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
     timings["load_s"] = time.perf_counter() - t0
     size = pre["image_size"]
-    ctx = int(cfg.text_config.max_position_embeddings)
+    ctx = _context_length(checkpoint, cfg, family)
+    masked = bool(text_fields.get("attention_mask"))
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
@@ -188,20 +209,28 @@ def export_hf_checkpoint(
         timings["visual_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         ids = torch.full((2, 7), int(cfg.text_config.eos_token_id or 1), dtype=torch.int64)
-        _export(
-            _Textual(model),
-            (ids,),
-            ["input_ids"],
-            "text_embeds",
-            {
-                "input_ids": {
-                    0: torch.export.Dim("batch"),
-                    1: torch.export.Dim("sequence", min=2, max=ctx),
-                }
-            },
-            out_dir / "textual.onnx",
-            external_data_threshold_bytes,
-        )
+        batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", min=2, max=ctx)
+        axes = {0: batch, 1: sequence}
+        if masked:
+            _export(
+                _MaskedTextual(model),
+                (ids, torch.ones_like(ids)),
+                ["input_ids", "attention_mask"],
+                "text_embeds",
+                {"input_ids": axes, "attention_mask": axes},
+                out_dir / "textual.onnx",
+                external_data_threshold_bytes,
+            )
+        else:
+            _export(
+                _Textual(model),
+                (ids,),
+                ["input_ids"],
+                "text_embeds",
+                {"input_ids": axes},
+                out_dir / "textual.onnx",
+                external_data_threshold_bytes,
+            )
         timings["textual_s"] = time.perf_counter() - t0
     variants: dict[str, dict[str, str]] = {}
     for precision in precisions:
@@ -313,6 +342,23 @@ def _convert(source: Path, target: Path, precision: str, threshold: int) -> None
             _save(onnx.load(str(out)), target, threshold)
 
 
+def _context_length(checkpoint: Path, cfg: Any, family: str) -> int:
+    """The text context: CLIP's and SigLIP's position table; for BERT/XLM-R towers (512
+    positions) the tokenizer's ``model_max_length`` (Chinese-CLIP: 52), within the table."""
+    positions = int(cfg.text_config.max_position_embeddings)
+    if family in ("clip", "siglip"):
+        return positions
+    if family == "altclip":
+        positions -= 2  # RoBERTa's positions start after the padding index
+    path = checkpoint / "tokenizer_config.json"
+    declared = (
+        json.loads(path.read_text("utf-8")).get("model_max_length") if path.is_file() else None
+    )
+    if isinstance(declared, int) and 2 <= declared <= positions:
+        return declared
+    return positions
+
+
 def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
     target = out_dir / "tokenizer.json"
     if (checkpoint / "tokenizer.json").is_file():
@@ -335,13 +381,19 @@ def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
     path = checkpoint / "preprocessor_config.json"
     pre = json.loads(path.read_text("utf-8")) if path.is_file() else {}
     size: Any = pre.get("size")
-    # A processor that resizes to height x width and never crops squashes (SigLIP, ...);
-    # CLIP resizes the shortest edge, then centre-crops.
-    squash = isinstance(size, dict) and "height" in size and "crop_size" not in pre
-    crop = pre.get("crop_size", size.get("height") if squash else default_size)
-    if isinstance(crop, dict):
-        crop = crop.get("height", default_size)
-    do_crop = pre.get("do_center_crop", not squash)
+    # A processor that resizes to height x width and never crops squashes (SigLIP, Chinese-CLIP
+    # as OFA-Sys ships it); CLIP resizes the shortest edge, then centre-crops.
+    squash_size = isinstance(size, dict) and "height" in size
+    do_crop = bool(pre.get("do_center_crop", "crop_size" in pre or not squash_size))
+    if do_crop:
+        side: Any = pre.get("crop_size", default_size)
+    elif isinstance(size, dict):
+        side = size.get("height") or size.get("shortest_edge") or default_size
+    else:
+        side = size or default_size
+    if isinstance(side, dict):
+        side = side.get("height", default_size)
+    crop = int(side)
     return {
         "image_size": int(crop),
         "mean": list(pre.get("image_mean", CLIP_MEAN)),
