@@ -74,9 +74,13 @@ def _pick_output(session: ORTSession, preferred: Sequence[str]) -> int:
 _TOWER_ONLY_OUTPUTS = frozenset({"last_hidden_state", "pooler_output"})
 
 
-def _check_embedding_output(session: ORTSession, index: int, tower: str) -> int | None:
+def _check_embedding_output(
+    session: ORTSession, index: int, tower: str, pooler_is_embedding: bool = False
+) -> int | None:
     out = session.outputs[index]
-    if out.name in _TOWER_ONLY_OUTPUTS:
+    if out.name in _TOWER_ONLY_OUTPUTS and not (
+        pooler_is_embedding and out.name == "pooler_output"
+    ):
         raise ModelFormatError(
             f"{tower} tower {session.name} outputs {', '.join(o.name for o in session.outputs)}: "
             "a tower-only export (e.g. optimum's clip_vision_model) without the projection "
@@ -98,7 +102,9 @@ def _check_embedding_output(session: ORTSession, index: int, tower: str) -> int 
 class VisualTower:
     """Image tower: ``pixels [N, 3, S, S]`` → ``embeddings [N, D]`` (not yet normalised)."""
 
-    def __init__(self, session: ORTSession, max_batch_size: int) -> None:
+    def __init__(
+        self, session: ORTSession, max_batch_size: int, *, pooler_is_embedding: bool = False
+    ) -> None:
         floats = [i for i in session.inputs if i.dtype.kind == "f"]
         if len(session.inputs) != 1 or not floats or len(floats[0].shape) != 4:
             described = ", ".join(f"{i.name}{list(i.shape)} {i.dtype}" for i in session.inputs)
@@ -108,8 +114,11 @@ class VisualTower:
             )
         self.session = session
         self.input = floats[0]
-        self._output_index = _pick_output(session, _IMAGE_OUTPUT_NAMES)
-        self.output_dim = _check_embedding_output(session, self._output_index, "image")
+        names = _IMAGE_OUTPUT_NAMES + (("pooler_output",) if pooler_is_embedding else ())
+        self._output_index = _pick_output(session, names)
+        self.output_dim = _check_embedding_output(
+            session, self._output_index, "image", pooler_is_embedding
+        )
         self._output_name = session.outputs[self._output_index].name
         fixed_batch = self.input.fixed_dim(0)
         self.batch_limit = min(max_batch_size, fixed_batch) if fixed_batch else max_batch_size
@@ -140,6 +149,7 @@ class TextualTower:
         max_batch_size: int,
         *,
         declared_mask: bool | None = None,
+        pooler_is_embedding: bool = False,
     ) -> None:
         ints = [i for i in session.inputs if i.dtype.kind in "iu"]
         ids = next((i for i in ints if i.name in _TEXT_INPUT_NAMES), None)
@@ -172,8 +182,11 @@ class TextualTower:
             )
         self.session = session
         self.tokenizer = tokenizer
-        self._output_index = _pick_output(session, _TEXT_OUTPUT_NAMES)
-        self.output_dim = _check_embedding_output(session, self._output_index, "text")
+        names = _TEXT_OUTPUT_NAMES + (("pooler_output",) if pooler_is_embedding else ())
+        self._output_index = _pick_output(session, names)
+        self.output_dim = _check_embedding_output(
+            session, self._output_index, "text", pooler_is_embedding
+        )
         self._output_name = session.outputs[self._output_index].name
         self.fixed_batch = ids.fixed_dim(0)
         self.fixed_length = ids.fixed_dim(1)

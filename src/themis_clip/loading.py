@@ -109,7 +109,9 @@ def load_model(
         raise BackendUnavailableError("; ".join(failures) or "no execution provider usable")
     sessions = [visual_session]
     try:
-        visual = VisualTower(visual_session, config.max_batch_size)
+        visual = VisualTower(
+            visual_session, config.max_batch_size, pooler_is_embedding=spec.pooler_is_embedding
+        )
         textual = None
         if spec.textual_path is not None and spec.tokenizer_path is not None:
             tokenizer = make_tokenizer(
@@ -129,6 +131,7 @@ def load_model(
                 tokenizer,
                 config.max_batch_size,
                 declared_mask=spec.text.attention_mask,
+                pooler_is_embedding=spec.pooler_is_embedding,
             )
         dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
         image_spec = _resolve_image_spec(spec, config, visual)

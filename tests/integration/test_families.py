@@ -515,3 +515,190 @@ def test_dfn_metaclip_style_clip_matches_pytorch(act: str, tmp_path: Path) -> No
     got_txt = np.stack([r.embedding for r in p.generate_text_embedding_batch(texts)])
     assert cosines(got_img, ref_img).min() >= 0.99999
     assert cosines(got_txt, ref_txt).min() >= 0.99999
+
+
+# -- the same weights in peers' layouts --------------------------------------------------------
+
+
+def rename_io(src: Path, dst: Path, names: dict[str, str]) -> None:
+    """Copy an ONNX graph with some inputs/outputs renamed (as peers name them)."""
+    import onnx
+
+    model = onnx.load(str(src))
+    g = model.graph
+    used = {n for node in g.node for n in (*node.input, *node.output)}
+    used |= {i.name for i in g.initializer} | {v.name for v in g.value_info}
+    names = dict(names)
+    for target in list(names.values()):  # an internal value already called so moves aside
+        if target in used and target not in names:
+            names[target] = target + "__internal"
+    for value in list(g.input) + list(g.output) + list(g.value_info) + list(g.initializer):
+        value.name = names.get(value.name, value.name)
+    for node in g.node:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dst))
+
+
+def siglip_references(
+    ckpt: Path, texts: list[str], prefix: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    from tokenizers import Tokenizer
+
+    model = load_reference(ckpt)
+    proc = transformers.SiglipImageProcessor.from_pretrained(str(ckpt))
+    del proc  # the processor's numbers are in the manifest; pixels come from the reference below
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.enable_truncation(16)
+    tok.enable_padding(length=16, pad_id=1, pad_token="</s>")
+    ids = [e.ids for e in tok.encode_batch([prefix + open_clip_canonicalize(t) for t in texts])]
+    from PIL import Image
+
+    pixels = np.stack(
+        [
+            (
+                np.asarray(Image.fromarray(i).resize((32, 32), Image.BICUBIC), dtype=np.float64)
+                / 255
+                - 0.5
+            )
+            / 0.5
+            for i in IMAGES
+        ]
+    ).transpose(0, 3, 1, 2)
+    with torch.no_grad():
+        img = model.get_image_features(
+            pixel_values=torch.from_numpy(pixels).float()
+        ).pooler_output.numpy()
+        txt = model.get_text_features(input_ids=torch.tensor(ids)).pooler_output.numpy()
+    return img, txt
+
+
+def test_siglip_in_immich_and_transformers_js_layouts(
+    siglip: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    ckpt, out = siglip
+    ref_img, ref_txt = siglip_references(ckpt, TEXTS)
+    # immich: visual/ + textual/ with its own I/O names, config.json's text_cfg, preprocess_cfg.
+    for label in ("ViT-B-16-SigLIP__webli", "nllb-clip-base-siglip__v1"):
+        root = tmp_path / label
+        rename_io(
+            out / "visual.onnx",
+            root / "visual" / "model.onnx",
+            {"pixel_values": "image", "image_embeds": "embedding"},
+        )
+        rename_io(
+            out / "textual.onnx",
+            root / "textual" / "model.onnx",
+            {"input_ids": "text", "text_embeds": "embedding"},
+        )
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(ckpt / f, root / "textual" / f)
+        (root / "config.json").write_text(
+            json.dumps(
+                {
+                    "embed_dim": 32,
+                    "text_cfg": {
+                        "context_length": 16,
+                        "tokenizer_kwargs": {"clean": "canonicalize"},
+                    },
+                }
+            )
+        )
+        (root / "visual" / "preprocess_cfg.json").write_text(
+            json.dumps(
+                {
+                    "size": [32, 32],
+                    "mean": [0.5] * 3,
+                    "std": [0.5] * 3,
+                    "interpolation": "bicubic",
+                    "resize_mode": "squash",
+                }
+            )
+        )
+        p = start(root)
+        assert p._model is not None and p._model.spec.layout.value == "immich"
+        got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+        assert cosines(got_img, ref_img).min() >= 0.99999
+        got = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
+        if label.startswith("nllb"):  # a language code glued in front; immich's default: English
+            _, ref_en = siglip_references(ckpt, TEXTS, prefix="eng_Latn")
+            _, ref_de = siglip_references(ckpt, TEXTS, prefix="deu_Latn")
+            assert cosines(got, ref_en).min() >= 0.99999
+            de = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS, "deu_Latn")])
+            assert cosines(de, ref_de).min() >= 0.99999
+        else:
+            assert cosines(got, ref_txt).min() >= 0.99999
+    # transformers.js: onnx/{vision,text}_model.onnx whose pooler_output is SigLIP's embedding.
+    root = tmp_path / "Xenova-siglip"
+    rename_io(
+        out / "visual.onnx", root / "onnx" / "vision_model.onnx", {"image_embeds": "pooler_output"}
+    )
+    rename_io(
+        out / "textual.onnx", root / "onnx" / "text_model.onnx", {"text_embeds": "pooler_output"}
+    )
+    for f in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+        shutil.copy(ckpt / f, root / f)
+    (root / "config.json").write_text(
+        json.dumps({"model_type": "siglip", "text_config": {"max_position_embeddings": 16}})
+    )
+    p = start(root)
+    assert p._model is not None and p._model.spec.image.resize_mode.value == "squash"
+    got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+    got = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
+    assert cosines(got_img, ref_img).min() >= 0.99999
+    assert cosines(got, ref_txt).min() >= 0.99999
+
+
+def test_masked_families_in_peers_layouts(masked: tuple[str, Path, Path], tmp_path: Path) -> None:
+    """Chinese-CLIP as transformers.js ships it; M-CLIP-style XLM-R as clip-as-service does."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    family, ckpt, out = masked
+    if family == "chinese_clip":
+        root = tmp_path / "Xenova-chinese-clip"
+        rename_io(out / "visual.onnx", root / "onnx" / "vision_model.onnx", {})
+        rename_io(out / "textual.onnx", root / "onnx" / "text_model.onnx", {})
+        files = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
+        (root / "config.json").parent.mkdir(parents=True, exist_ok=True)
+        (root / "config.json").write_text(
+            json.dumps(
+                {
+                    "model_type": "chinese_clip",
+                    "projection_dim": 16,
+                    "text_config": {"max_position_embeddings": 64},
+                }
+            )
+        )
+    else:
+        root = tmp_path / "M-CLIP-cas"
+        root.mkdir()
+        shutil.copy(out / "visual.onnx", root / "visual.onnx")
+        shutil.copy(out / "textual.onnx", root / "textual.onnx")
+        files = ("tokenizer.json", "tokenizer_config.json")
+    for f in files:
+        shutil.copy(ckpt / f, root / f)
+    p = start(root)
+    engine = p._model
+    assert engine is not None and engine.textual is not None and engine.textual.mask is not None
+    assert engine.textual.tokenizer.context_length == 12
+    model = load_reference(ckpt)
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.enable_truncation(12)
+    tok.enable_padding(pad_id=0 if family == "chinese_clip" else 1)
+    enc = tok.encode_batch(MASKED_TEXTS)
+    with torch.no_grad():
+        ref = model.get_text_features(
+            input_ids=torch.tensor([e.ids for e in enc]),
+            attention_mask=torch.tensor([e.attention_mask for e in enc]),
+        ).pooler_output.numpy()
+        pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+        ref_img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
+    got = np.stack([r.embedding for r in p.generate_text_embedding_batch(MASKED_TEXTS)])
+    assert cosines(got, ref).min() >= 0.99999
+    got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+    assert cosines(got_img, ref_img).min() >= 0.99999

@@ -28,7 +28,7 @@ from typing import Any
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError
-from themis_clip.models.spec import ImageSpec, ModelSpec
+from themis_clip.models.spec import TEXT_CLEANING, ImageSpec, ModelSpec, TextSpec
 from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
 
 __all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
@@ -101,6 +101,48 @@ def _tokenizer(*candidates: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+def _is_clip_bpe(tokenizer: Path | None) -> bool:
+    """Whether a ``tokenizer.json`` is CLIP's BPE (it holds ``<|startoftext|>``)."""
+    if tokenizer is None:
+        return True  # no tokenizer: image-only unless one is configured (a CLIP one)
+    with open(tokenizer, encoding="utf-8", errors="replace") as fh:
+        return '"<|startoftext|>"' in fh.read()
+
+
+def _text_spec(
+    tokenizer: Path | None,
+    where: Path,
+    *,
+    clean: Any = None,
+    pad_to_context: bool,
+    languages: bool = False,
+    default_clean: str = "none",
+) -> TextSpec:
+    """The text rule a peer directory implies. CLIP BPE keeps the exact CLIP path; any other
+    tokenizer adds its own special tokens and is cleaned as the peer cleans it."""
+    if _is_clip_bpe(tokenizer):
+        return TextSpec()
+    rule = clean or default_clean
+    if rule not in TEXT_CLEANING:
+        raise ModelFormatError(f"{where}: unknown text cleaning {rule!r}")
+    return TextSpec(
+        special_tokens="tokenizer",
+        padding="max_length" if pad_to_context else "longest",
+        clean=str(rule),
+        # NLLB-SigLIP: a Flores-200 code glued in front; immich defaults to English.
+        language_prefix="flores200" if languages else None,
+        default_language="eng_Latn" if languages else None,
+    )
+
+
+def _model_max_length(tokenizer: Path | None, positions: int) -> int:
+    """The tokenizer's declared context (Chinese-CLIP: 52) within the position table."""
+    if tokenizer is None:
+        return positions
+    declared = _json(tokenizer.parent / "tokenizer_config.json").get("model_max_length")
+    return declared if isinstance(declared, int) and 2 <= declared <= positions else positions
+
+
 def _immich(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     _no_variants(root, variant, "immich")
     cfg = _json(root / "config.json")
@@ -108,13 +150,26 @@ def _immich(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     pre = _json(pre_path)
     textual = root / "textual" / "model.onnx"
     text_cfg: dict[str, Any] = cfg["text_cfg"] if isinstance(cfg.get("text_cfg"), dict) else {}
+    kwargs = text_cfg.get("tokenizer_kwargs")
+    tokenizer = _tokenizer(root / "textual" / "tokenizer.json")
+    label = (name or root.name).lower()
+    # immich pads every text to the context length (its graphs take [1, L]); open_clip's
+    # HF tokenizers clean with "whitespace" unless the config says otherwise.
+    text = _text_spec(
+        tokenizer,
+        root / "config.json",
+        clean=kwargs.get("clean") if isinstance(kwargs, dict) else None,
+        pad_to_context=True,
+        languages="nllb" in label,
+        default_clean="whitespace",
+    )
     return ModelSpec(
         name=name or root.name,
         layout=Layout.IMMICH,
         root=root,
         visual_path=root / "visual" / "model.onnx",
         textual_path=textual if textual.is_file() else None,
-        tokenizer_path=_tokenizer(root / "textual" / "tokenizer.json"),
+        tokenizer_path=tokenizer,
         embedding_dim=cfg.get("embed_dim") if isinstance(cfg.get("embed_dim"), int) else None,
         image=ImageSpec(
             image_size=_size(pre.get("size"), pre_path) or 224,
@@ -124,6 +179,7 @@ def _immich(root: Path, variant: str | None, name: str | None) -> ModelSpec:
             interpolation=str(pre.get("interpolation") or "bicubic"),
         ),
         context_length=int(text_cfg.get("context_length") or 77),
+        text=text,
     )
 
 
@@ -149,15 +205,21 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     text_cfg: dict[str, Any] = (
         cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
     )
-    crop = pre.get("do_center_crop", True)
+    # SigLIP's and Chinese-CLIP's processors resize to height x width without a crop.
+    crop = pre.get(
+        "do_center_crop", "crop_size" in pre or "shortest_edge" in (pre.get("size") or {})
+    )
     size = _size(pre.get("crop_size") if crop else pre.get("size"), pre_path)
+    family = cfg.get("model_type")
+    tokenizer = _tokenizer(root / "tokenizer.json")
+    positions = int(text_cfg.get("max_position_embeddings") or 77)
     return ModelSpec(
         name=name or cfg.get("_name_or_path") or root.name,
         layout=Layout.TRANSFORMERS_JS,
         root=root,
         visual_path=visual,
         textual_path=textual if textual.is_file() else None,
-        tokenizer_path=_tokenizer(root / "tokenizer.json"),
+        tokenizer_path=tokenizer,
         embedding_dim=cfg.get("projection_dim")
         if isinstance(cfg.get("projection_dim"), int)
         else None,
@@ -168,21 +230,34 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
             resize_mode=ResizeMode.SHORTEST if crop else ResizeMode.SQUASH,
             interpolation=HF_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
         ),
-        context_length=int(text_cfg.get("max_position_embeddings") or 77),
+        context_length=positions if family == "siglip" else _model_max_length(tokenizer, positions),
         variant=chosen,
+        # SigLIP pools the last position: padded to the full context; canonicalize cleaning.
+        text=_text_spec(
+            tokenizer,
+            root / "config.json",
+            clean="canonicalize" if family == "siglip" else "none",
+            pad_to_context=family == "siglip",
+        ),
+        pooler_is_embedding=family == "siglip",
     )
 
 
 def _clip_as_service(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     _no_variants(root, variant, "clip-as-service")
     textual = root / "textual.onnx"
+    tokenizer = _tokenizer(root / "tokenizer.json")
     return ModelSpec(
         name=name or root.name,
         layout=Layout.CLIP_AS_SERVICE,
         root=root,
         visual_path=root / "visual.onnx",
         textual_path=textual if textual.is_file() else None,
-        tokenizer_path=_tokenizer(root / "tokenizer.json"),
+        tokenizer_path=tokenizer,
+        # M-CLIP: an XLM-R tokenizer (with its own special tokens), padded to the longest row,
+        # with the attention mask its graph takes.
+        context_length=_model_max_length(tokenizer, 77) if not _is_clip_bpe(tokenizer) else 77,
+        text=_text_spec(tokenizer, root, pad_to_context=False),
     )
 
 

@@ -98,6 +98,8 @@ class ModelSpec:
             scores are ``logit_scale * cosine``; None: unknown, OpenAI CLIP's 100 is used).
         logit_bias: SigLIP's learned bias (scores pass a sigmoid); None for softmax models.
         text: how text becomes token ids (tokenizer kind, padding, mask, cleaning, language).
+        pooler_is_embedding: the towers' ``pooler_output`` is the embedding (SigLIP's head is
+            its pooler); for CLIP a ``pooler_output`` lacks the projection and is refused.
     """
 
     name: str
@@ -116,6 +118,7 @@ class ModelSpec:
     logit_scale: float | None = None
     logit_bias: float | None = None
     text: TextSpec = field(default_factory=TextSpec)
+    pooler_is_embedding: bool = False
 
     def model_files(self) -> list[Path]:
         """Every file the model is made of (towers, tokenizer, external data)."""
