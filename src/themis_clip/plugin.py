@@ -79,8 +79,10 @@ from themis_clip.zeroshot import (
     DEFAULT_TEMPLATE,
     MAX_LABELS,
     LabelScore,
+    Ranked,
     check_labels,
     label_prompts,
+    rank_scores,
     score_labels,
 )
 
@@ -420,6 +422,54 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             labels,
             logit_scale=model.spec.logit_scale,
             logit_bias=model.spec.logit_bias,
+        )
+
+    def rank(
+        self,
+        query: ImageData | str,
+        candidates: Sequence[ImageData] | Sequence[str],
+        *,
+        language: str | None = None,
+        max_candidates: int = MAX_LABELS,
+    ) -> list[Ranked]:
+        """Rank ``candidates`` against ``query``, best first (clip-as-service's ``/rank``).
+
+        A ``str`` query is text and ranks images (bytes, paths, PIL images, arrays); any other
+        query is an image and ranks texts. Probabilities follow the model's scoring: a softmax
+        over the candidates (CLIP) or a sigmoid each (SigLIP).
+
+        Raises:
+            InputError: no candidates, too many, candidates of the wrong kind, or an input that
+                cannot be embedded (its own error class).
+        """
+        items = list(candidates)
+        if not items:
+            raise InputError("candidates: at least one is required")
+        if len(items) > max_candidates:
+            raise InputError(f"candidates: {len(items)} given, at most {max_candidates}")
+        text_query = isinstance(query, str)
+        if text_query:
+            q = self.generate_text_embedding(query, language)  # type: ignore[arg-type]
+            found = self.generate_embedding_batch(items)
+        else:
+            bad = next((i for i, c in enumerate(items) if not isinstance(c, str)), None)
+            if bad is not None:
+                raise InputError(
+                    f"candidates[{bad}]: an image query ranks texts; give str candidates"
+                )
+            q = self.generate_embedding(query)
+            found = self.generate_text_embedding_batch(items, language)  # type: ignore[arg-type]
+        for r in (q, *found):
+            if not r.ok or r.embedding is None:
+                raise _raised(r)
+        if len({r.model_id for r in (q, *found)}) != 1:
+            raise NotReadyError("the model was swapped while ranking; retry")
+        scoring = self.scoring
+        return rank_scores(
+            q.embedding,  # type: ignore[arg-type]
+            np.stack([r.embedding for r in found]),  # type: ignore[misc]
+            logit_scale=scoring["logit_scale"],
+            logit_bias=scoring["logit_bias"],
         )
 
     def _label_vectors(self, model: ClipModel, prompts: list[str]) -> npt.NDArray[np.float32]:

@@ -22,8 +22,10 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "MAX_LABELS",
     "LabelScore",
+    "Ranked",
     "check_labels",
     "label_prompts",
+    "rank_scores",
     "score_labels",
 ]
 
@@ -84,3 +86,29 @@ def score_labels(
         LabelScore(label=label, probability=float(p), logit=float(z), cosine=float(c))
         for label, p, z, c in zip(labels, probs, logits, cosines, strict=True)
     ]
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """One candidate of :func:`rank_scores`: its position in the input, cosine, probability."""
+
+    index: int
+    cosine: float
+    probability: float
+
+
+def rank_scores(
+    query: npt.NDArray[np.float32],
+    candidates: npt.NDArray[np.float32],
+    *,
+    logit_scale: float | None,
+    logit_bias: float | None,
+) -> list[Ranked]:
+    """Candidates ``[n, D]`` by similarity to ``query``, best first, with the model's
+    probabilities (softmax over the candidates for CLIP, a sigmoid per candidate for SigLIP)."""
+    names = [str(i) for i in range(len(candidates))]
+    scores = score_labels(query, candidates, names, logit_scale=logit_scale, logit_bias=logit_bias)
+    ranked = [
+        Ranked(index=i, cosine=s.cosine, probability=s.probability) for i, s in enumerate(scores)
+    ]
+    return sorted(ranked, key=lambda r: -r.cosine)

@@ -164,3 +164,71 @@ def test_cli_and_http(
             ({"image": data, "labels": ["a"] * 1025}, 422),
         ):
             assert c.post("/v1/classify", json=body).status_code == status, body
+
+
+def test_rank_both_ways_equals_pytorch_and_http(
+    model: tuple[Path, Path], plugin: OnnxClipPlugin, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    from themis_clip.server import ServerSettings, create_app
+
+    checkpoint, out = model
+    reference = load_reference(checkpoint)
+    engine = plugin._model
+    assert engine is not None and engine.textual is not None
+    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    texts = [TEMPLATE.format(x) for x in LABELS]
+    rows = engine.textual.tokenizer.encode_batch(texts).rows
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    with torch.no_grad():
+        out_t = reference(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+    per_text = out_t.logits_per_text.softmax(-1).numpy()  # a text ranks the images
+    per_image = out_t.logits_per_image.softmax(-1).numpy()  # an image ranks the texts
+    ranked = plugin.rank(texts[1], IMAGES)
+    assert [r.index for r in ranked] == list(np.argsort(-per_text[1], kind="stable"))
+    assert (
+        np.abs(
+            np.array([r.probability for r in sorted(ranked, key=lambda r: r.index)]) - per_text[1]
+        ).max()
+        < 1e-5
+    )
+    ranked = plugin.rank(IMAGES[2], texts)
+    assert (
+        np.abs(
+            np.array([r.probability for r in sorted(ranked, key=lambda r: r.index)]) - per_image[2]
+        ).max()
+        < 1e-5
+    )
+    cos = [r.cosine for r in ranked]
+    assert cos == sorted(cos, reverse=True)
+    with pytest.raises(InputError, match="give str candidates"):
+        plugin.rank(IMAGES[0], [IMAGES[1]])  # type: ignore[list-item]
+    with pytest.raises(InputError, match="at least one"):
+        plugin.rank("x", [])
+    app = create_app(
+        ServerSettings(
+            plugin_config=PluginConfig.from_dict({"model": {"path": str(out)}}), warmup=False
+        )
+    )
+    pngs = [base64.b64encode(encode(Image.fromarray(i), "PNG")).decode() for i in IMAGES]
+    with TestClient(app) as c:
+        r = c.post("/rank", json={"text": texts[1], "images": pngs})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["probability"] for x in r.json()["ranking"]}
+        assert (
+            np.abs(np.array([got[i] for i in range(3)]) - per_text[1]).max() < 1e-4
+        )  # PNG: lossless
+        r = c.post("/rank", json={"image": pngs[2], "texts": texts})
+        assert r.status_code == 200 and r.json()["ranking"][0]["index"] == int(
+            np.argmax(per_image[2])
+        )
+        for body in (
+            {"text": "a", "texts": ["b"]},
+            {"image": pngs[0], "images": pngs},
+            {"text": "a"},
+        ):
+            assert c.post("/rank", json=body).status_code == 422, body

@@ -89,3 +89,15 @@ class ClassifyRequest(_Strict):
     item: str | None = Field(default=None, min_length=1, max_length=1024)
     labels: list[str] = Field(min_length=1, max_length=1024)
     template: str = Field(default="a photo of a {}", max_length=1000)
+
+
+class RankRequest(_Strict):
+    """A text ranking images, or an image ranking texts (clip-as-service's ``/rank``)."""
+
+    text: str | None = None
+    image: str | None = Field(default=None, description="base64 image bytes or a data URL")
+    texts: list[str] | None = Field(default=None, min_length=1, max_length=1024)
+    images: list[str] | None = Field(
+        default=None, min_length=1, max_length=256, description="base64 images or data URLs"
+    )
+    language: str | None = _language()

@@ -1,4 +1,4 @@
-"""Zero-shot classification: ``POST /v1/classify`` (an image or an indexed item against labels)."""
+"""Zero-shot: ``POST /v1/classify`` (an image or indexed item against labels), ``POST /rank``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
-from themis_clip.server.schemas import ClassifyRequest
+from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
 from themis_clip.zeroshot import MAX_LABELS
 
@@ -61,4 +61,29 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
         ],
         "model_id": identity.model_id if identity else current.model_id,
         "scoring": "sigmoid" if plugin.scoring["logit_bias"] is not None else "softmax",
+    }
+
+
+@router.post("/rank")
+async def rank(body: RankRequest, state: StateDep) -> dict[str, Any]:
+    """``text`` with ``images``, or ``image`` with ``texts``: candidates best first, with their
+    cosine and the model's probability (softmax over the candidates, or SigLIP's sigmoid)."""
+    plugin = state.require_ready()
+    if (body.text is None) == (body.image is None) or (body.texts is None) == (body.images is None):
+        raise APIError(422, "ValidationError", "give 'text' with 'images', or 'image' with 'texts'")
+    if (body.text is None) != (body.images is None):
+        raise APIError(422, "ValidationError", "a text ranks 'images'; an image ranks 'texts'")
+    if body.text is not None:
+        query: Any = body.text
+        candidates: list[Any] = [decode_image_field(x) for x in body.images or []]
+    else:
+        query = decode_image_field(body.image or "")
+        candidates = list(body.texts or [])
+    ranked = await asyncio.to_thread(plugin.rank, query, candidates, language=body.language)
+    identity = plugin.model_identity
+    return {
+        "ranking": [
+            {"index": r.index, "cosine": r.cosine, "probability": r.probability} for r in ranked
+        ],
+        "model_id": identity.model_id if identity else None,
     }
