@@ -702,3 +702,85 @@ def test_masked_families_in_peers_layouts(masked: tuple[str, Path, Path], tmp_pa
     assert cosines(got, ref).min() >= 0.99999
     got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
     assert cosines(got_img, ref_img).min() >= 0.99999
+
+
+# -- SigLIP 2 at a fixed resolution (the NaFlex tower fed squashed S x S images) ---------------
+
+
+def test_siglip2_fixed_resolution_export_matches_pytorch(tmp_path: Path) -> None:
+    ckpt = tmp_path / "tiny-siglip2"
+    ckpt.mkdir()
+    siglip_tokenizer(ckpt)  # a SentencePiece stand-in for Gemma's (same post-processing rule)
+    torch.manual_seed(17)
+    config = transformers.Siglip2Config(
+        text_config={
+            "vocab_size": 200,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 16,
+            "projection_size": 32,
+            "pad_token_id": 1,
+            "eos_token_id": 1,
+            "bos_token_id": None,
+        },
+        vision_config={
+            "num_patches": 16,
+            "patch_size": 8,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+        },
+    )
+    model = transformers.Siglip2Model(config).eval()
+    model.save_pretrained(ckpt)
+    (ckpt / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_mean": [0.5] * 3,
+                "image_std": [0.5] * 3,
+                "resample": 2,
+                "patch_size": 8,
+                "max_num_patches": 16,
+            }
+        )
+    )
+    out = tmp_path / "model"
+    export_hf_checkpoint(ckpt, out, precisions=["fp32"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["visual"]["image_size"] == 32 and manifest["visual"]["resize_mode"] == "squash"
+    assert (
+        manifest["visual"]["interpolation"] == "bilinear"
+        and manifest["textual"]["clean"] == "lower"
+    )
+    p = start(out)
+    engine = p._model
+    assert engine is not None
+    chw = np.stack([engine.preprocessor(i) for i in IMAGES])
+    # The processor's convert_image_to_patches, restated: (C, H, W) -> (rows*cols, p*p*C).
+    patches = chw.reshape(3, 3, 4, 8, 4, 8).transpose(0, 2, 4, 3, 5, 1).reshape(3, 16, 192)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok.enable_truncation(16)
+    tok.enable_padding(length=16, pad_id=1, pad_token="</s>")
+    import ftfy
+
+    lowered = [
+        " ".join(html.unescape(html.unescape(ftfy.fix_text(t))).strip().split()).lower()
+        for t in TEXTS
+    ]
+    ids = [e.ids for e in tok.encode_batch(lowered)]
+    with torch.no_grad():
+        ref_img = model.get_image_features(
+            pixel_values=torch.from_numpy(patches),
+            pixel_attention_mask=torch.ones(3, 16, dtype=torch.int64),
+            spatial_shapes=torch.tensor([[4, 4]] * 3),
+        ).pooler_output.numpy()
+        ref_txt = model.get_text_features(input_ids=torch.tensor(ids)).pooler_output.numpy()
+    got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
+    got_txt = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
+    assert cosines(got_img, ref_img).min() >= 0.99999
+    assert cosines(got_txt, ref_txt).min() >= 0.99999

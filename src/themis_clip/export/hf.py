@@ -21,13 +21,14 @@ Needs the ``[export]`` extra (torch, transformers, onnx, onnxscript); the core n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,31 @@ class _Textual(torch.nn.Module):
         return out if torch.is_tensor(out) else out.pooler_output
 
 
+class _Siglip2Visual(torch.nn.Module):
+    """SigLIP 2 at a fixed resolution: ``pixel_values [N,3,S,S]`` cut into the patches the NaFlex
+    vision tower takes (the processor's ``convert_image_to_patches`` order), all valid."""
+
+    def __init__(self, model: Any, patch: int) -> None:
+        super().__init__()
+        self.model, self.patch = model, patch
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = pixel_values.shape
+        p = self.patch
+        rows, cols = h // p, w // p
+        patches = (
+            pixel_values.reshape(n, c, rows, p, cols, p)
+            .permute(0, 2, 4, 3, 5, 1)
+            .reshape(n, rows * cols, p * p * c)
+        )
+        mask = torch.ones(n, rows * cols, dtype=torch.int64)
+        shapes = torch.tensor([[rows, cols]], dtype=torch.int64).expand(n, 2)
+        out = self.model.get_image_features(
+            pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes
+        )
+        return out if torch.is_tensor(out) else out.pooler_output
+
+
 class _MaskedTextual(torch.nn.Module):
     """Text towers that take an attention mask (BERT, XLM-R: bidirectional, masked pooling)."""
 
@@ -112,6 +138,17 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             "padding": "max_length",
             "attention_mask": False,
             "clean": "canonicalize",
+        },
+    ),
+    # SigLIP 2 at a fixed resolution (the NaFlex tower fed S x S squashed images): SigLIP's text
+    # rule with its Gemma tokenizer on lower-cased text.
+    "siglip2": (
+        "Siglip2Model",
+        {
+            "special_tokens": "tokenizer",
+            "padding": "max_length",
+            "attention_mask": False,
+            "clean": "lower",
         },
     ),
     # BERT (Chinese-CLIP) and XLM-R (AltCLIP) text towers: bidirectional, so the mask is an
@@ -189,16 +226,23 @@ def export_hf_checkpoint(
     cfg = model.config
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_file, pad_id = _tokenizer(checkpoint, out_dir)
-    pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
+    if family == "siglip2":  # fixed resolution: the tower's patch budget as a square
+        patch = int(cfg.vision_config.patch_size)
+        side = round(int(cfg.vision_config.num_patches) ** 0.5) * patch
+        pre = _preprocessing(checkpoint, side) | {"image_size": side, "resize_mode": "squash"}
+        visual_module: torch.nn.Module = _Siglip2Visual(model, patch)
+    else:
+        pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
+        visual_module = _Visual(model)
     timings["load_s"] = time.perf_counter() - t0
     size = pre["image_size"]
     ctx = _context_length(checkpoint, cfg, family)
     masked = bool(text_fields.get("attention_mask"))
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _exportable(family):
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         _export(
-            _Visual(model),
+            visual_module,
             (torch.zeros(2, 3, size, size),),
             ["pixel_values"],
             "image_embeds",
@@ -244,7 +288,7 @@ def export_hf_checkpoint(
             variants[precision][tower] = target.name
         timings[f"{precision}_s"] = time.perf_counter() - t0
     with torch.no_grad():  # the image tower's output width (CLIP's projection_dim, SigLIP's hidden)
-        dim = int(_Visual(model)(torch.zeros(1, 3, size, size)).shape[-1])
+        dim = int(visual_module(torch.zeros(1, 3, size, size)).shape[-1])
     model_name = name or checkpoint.name
     write_manifest(
         out_dir,
@@ -342,11 +386,29 @@ def _convert(source: Path, target: Path, precision: str, threshold: int) -> None
             _save(onnx.load(str(out)), target, threshold)
 
 
+@contextlib.contextmanager
+def _exportable(family: str) -> Iterator[None]:
+    """SigLIP 2's runtime shape checks (``torch_compilable_check``, an all-true reduction that
+    ONNX has no operator for) are off while exporting: at a fixed resolution they always hold."""
+    if family != "siglip2":
+        yield
+        return
+    from transformers.models.siglip2 import modeling_siglip2
+
+    name = "torch_compilable_check"
+    saved = getattr(modeling_siglip2, name)
+    setattr(modeling_siglip2, name, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        setattr(modeling_siglip2, name, saved)
+
+
 def _context_length(checkpoint: Path, cfg: Any, family: str) -> int:
     """The text context: CLIP's and SigLIP's position table; for BERT/XLM-R towers (512
     positions) the tokenizer's ``model_max_length`` (Chinese-CLIP: 52), within the table."""
     positions = int(cfg.text_config.max_position_embeddings)
-    if family in ("clip", "siglip"):
+    if family in ("clip", "siglip", "siglip2"):
         return positions
     if family == "altclip":
         positions -= 2  # RoBERTa's positions start after the padding index
