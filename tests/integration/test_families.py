@@ -784,3 +784,14 @@ def test_siglip2_fixed_resolution_export_matches_pytorch(tmp_path: Path) -> None
     got_txt = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
     assert cosines(got_img, ref_img).min() >= 0.99999
     assert cosines(got_txt, ref_txt).min() >= 0.99999
+
+
+def test_verify_proves_each_family_export(
+    siglip: tuple[Path, Path], masked: tuple[str, Path, Path]
+) -> None:
+    from themis_clip.export.verify import verify_model
+
+    for ckpt, out in (siglip, masked[1:]):
+        rows = verify_model(out, ckpt)
+        assert rows and all(r.ok for r in rows), [(r.modality, r.min_cosine) for r in rows]
+        assert min(r.min_cosine for r in rows) >= 0.99999

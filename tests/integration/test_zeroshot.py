@@ -232,3 +232,27 @@ def test_rank_both_ways_equals_pytorch_and_http(
             {"text": "a"},
         ):
             assert c.post("/rank", json=body).status_code == 422, body
+
+
+def test_the_label_cap_is_a_server_setting(model: tuple[Path, Path]) -> None:
+    from fastapi.testclient import TestClient
+
+    from themis_clip.server import ServerSettings, create_app
+
+    _, out = model
+    app = create_app(
+        ServerSettings(
+            plugin_config=PluginConfig.from_dict({"model": {"path": str(out)}}),
+            max_labels=2,
+            warmup=False,
+        )
+    )
+    data = base64.b64encode(
+        encode(__import__("PIL.Image", fromlist=["Image"]).fromarray(IMAGES[0]), "PNG")
+    ).decode()
+    with TestClient(app) as c:
+        assert c.post("/v1/classify", json={"image": data, "labels": ["a", "b"]}).status_code == 200
+        r = c.post("/v1/classify", json={"image": data, "labels": ["a", "b", "c"]})
+        assert r.status_code == 422 and "at most 2" in r.json()["error"]["message"]
+        r = c.post("/rank", json={"image": data, "texts": ["a", "b", "c"]})
+        assert r.status_code == 422 and "at most 2" in r.json()["error"]["message"]

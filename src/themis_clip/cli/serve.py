@@ -34,6 +34,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--keep-alive-s", type=float, default=5.0, help="idle keep-alive connections")
     p.add_argument(
+        "--max-labels", type=int, default=1024, help="labels per /v1/classify, candidates per /rank"
+    )
+    p.add_argument(
         "--max-connections", type=int, default=1000, help="connections at once (503 beyond)"
     )
     p.add_argument(
@@ -69,6 +72,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         "body_idle_timeout_s",
         "keep_alive_s",
         "max_connections",
+        "max_labels",
     )
     for name in positive:
         if getattr(args, name) <= 0:
@@ -97,6 +101,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         header_timeout_s=args.header_timeout_s,
         keep_alive_s=args.keep_alive_s,
         max_connections=args.max_connections,
+        max_labels=args.max_labels,
         warmup=not args.no_warmup,
     )
     # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises

@@ -49,6 +49,7 @@ __all__ = [
     "export_hf_checkpoint",
     "family_of",
     "load_reference",
+    "reference_features",
 ]
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,36 @@ def family_of(checkpoint: Path) -> str:
             f"{path}: model_type {kind!r} cannot be exported; supported: {', '.join(FAMILIES)}"
         )
     return str(kind)
+
+
+def reference_features(
+    model: Any,
+    family: str,
+    pixels: torch.Tensor,
+    rows: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    context_length: int,
+) -> tuple[Any, Any]:
+    """PyTorch's image and text features (not normalised) for our preprocessed ``pixels`` and
+    token ``rows``, fed the way the family was trained: SigLIP padded to the full context,
+    BERT/XLM-R towers with their attention mask, SigLIP 2 cut into patches."""
+    fields = FAMILIES[family][1]
+    if family == "siglip2":
+        image = _Siglip2Visual(model, int(model.config.vision_config.patch_size))(pixels)
+    else:
+        image = _Visual(model)(pixels)
+    texts = []
+    for row in rows:
+        ids = list(row)
+        if fields.get("padding") == "max_length":
+            ids += [pad_id] * (context_length - len(ids))
+        tensor = torch.tensor([ids])
+        if fields.get("attention_mask"):
+            texts.append(_MaskedTextual(model)(tensor, torch.ones_like(tensor)))
+        else:
+            texts.append(_Textual(model)(tensor))
+    return image, torch.cat(texts)
 
 
 def load_reference(checkpoint: Path) -> Any:

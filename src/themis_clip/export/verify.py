@@ -17,7 +17,7 @@ import torch
 
 from themis_clip.config import PluginConfig
 from themis_clip.demo.scenes import COLOURS, SHAPES, Scene, render_scene
-from themis_clip.export.hf import load_reference
+from themis_clip.export.hf import family_of, load_reference, reference_features
 from themis_clip.plugin import OnnxClipPlugin
 
 __all__ = ["THRESHOLDS", "VerifyRow", "verify_model"]
@@ -74,6 +74,7 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
     manifest = json.loads((model_dir / "manifest.json").read_text("utf-8"))
     variants = ["fp32", *manifest.get("variants", {})]
     reference = load_reference(checkpoint)
+    family = family_of(checkpoint)
     images = _images()
     rows: list[VerifyRow] = []
     fp32: dict[str, np.ndarray] = {}
@@ -95,14 +96,17 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
         }
         if variant == "fp32":
             fp32 = {"image": got_img, "text": got_txt}
+        textual = manifest.get("textual", {})
         with torch.no_grad():
-            ref_img = _features(reference.get_image_features(pixel_values=torch.from_numpy(pixels)))
-            ref_txt = np.concatenate(
-                [
-                    _features(reference.get_text_features(input_ids=torch.tensor([row])))
-                    for row in tokens
-                ]
+            img, txt = reference_features(
+                reference,
+                family,
+                torch.from_numpy(pixels),
+                tokens,
+                pad_id=int(textual.get("pad_id") or 0),
+                context_length=int(textual.get("context_length") or 77),
             )
+            ref_img, ref_txt = _features(img), _features(txt)
         for modality, got, ref in (("image", got_img, ref_img), ("text", got_txt, ref_txt)):
             cos = np.sum(got * ref, axis=1)
             rows.append(

@@ -87,7 +87,7 @@ class ReloadRequest(_Strict):
 class ClassifyRequest(_Strict):
     image: str | None = Field(default=None, description="base64 image bytes or a data URL")
     item: str | None = Field(default=None, min_length=1, max_length=1024)
-    labels: list[str] = Field(min_length=1, max_length=1024)
+    labels: list[str] = Field(min_length=1, max_length=65536, description="see --max-labels")
     template: str = Field(default="a photo of a {}", max_length=1000)
 
 

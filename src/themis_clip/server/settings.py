@@ -30,6 +30,7 @@ class ServerSettings:
         keep_alive_s: how long an idle keep-alive connection stays open.
         max_connections: connections open at once; beyond it a new one gets a JSON 503 and
             is closed.
+        max_labels: most labels per ``/v1/classify`` and candidates per ``/rank`` (422 beyond).
         warmup: run ``plugin.warmup()`` before ``/readyz`` turns ready.
     """
 
@@ -45,4 +46,5 @@ class ServerSettings:
     header_timeout_s: float = 10.0
     keep_alive_s: float = 5.0
     max_connections: int = 1000
+    max_labels: int = 1024
     warmup: bool = True

@@ -11,7 +11,6 @@ from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
 from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
-from themis_clip.zeroshot import MAX_LABELS
 
 router = APIRouter()
 
@@ -50,7 +49,7 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
         vector,
         body.labels,
         template=body.template,
-        max_labels=MAX_LABELS,
+        max_labels=state.settings.max_labels,
     )
     ranked = sorted(scores, key=lambda s: -s.probability)
     identity = plugin.model_identity
@@ -79,7 +78,13 @@ async def rank(body: RankRequest, state: StateDep) -> dict[str, Any]:
     else:
         query = decode_image_field(body.image or "")
         candidates = list(body.texts or [])
-    ranked = await asyncio.to_thread(plugin.rank, query, candidates, language=body.language)
+    ranked = await asyncio.to_thread(
+        plugin.rank,
+        query,
+        candidates,
+        language=body.language,
+        max_candidates=state.settings.max_labels,
+    )
     identity = plugin.model_identity
     return {
         "ranking": [
