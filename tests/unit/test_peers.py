@@ -243,3 +243,33 @@ def test_unsupported_interpolation_is_a_model_error(immich: Path) -> None:
     p = OnnxClipPlugin()
     assert not p.initialize(PluginConfig.from_dict({"model": {"path": str(immich)}}))
     assert "unsupported interpolation 'magic'" in (p.last_error or "")
+
+
+def test_resnet_clip_files_load_by_their_peers_names(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """RN50-family ONNX files as lakera (``clip_image_model_rn50.onnx``) and clip-as-service
+    (``RN50x4::openai``: ``visual.onnx`` at 288 px) name them: the loader reads names, shapes and
+    sizes from the session, whatever the architecture inside."""
+    size, eot = vocab(tiny_model_dir / "tokenizer.json")
+    lakera = tmp_path / "lakera-rn50"
+    build_vision_tower(
+        VisionTowerSpec(input_name="IMAGE", output_name="IMAGE_EMBEDDING"),
+        lakera / "clip_image_model_rn50.onnx",
+    )
+    build_text_tower(
+        TextTowerSpec(
+            vocab_size=size,
+            eot_id=eot,
+            input_name="TEXT",
+            ids_dtype=TensorProto.INT32,
+            output_name="TEXT_EMBEDDING",
+        ),
+        lakera / "clip_text_model_rn50.onnx",
+    )
+    p = start(lakera, tokenizer_path=str(tiny_model_dir / "tokenizer.json"))
+    assert p.get_statistics()["model_variant"] == "lakera-rn50"
+    assert p.generate_embedding(IMAGE).ok and p.generate_text_embedding(TEXT).ok
+    cas = tmp_path / "RN50x4-openai"
+    build_vision_tower(VisionTowerSpec(image_size=288), cas / "visual.onnx")
+    p = start(cas)
+    assert p.get_statistics()["image_size"] == 288
+    assert p.generate_embedding(IMAGE).ok
