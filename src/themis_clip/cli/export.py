@@ -13,7 +13,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("export", help="export a transformers CLIP checkpoint to a model directory")
     p.add_argument(
         "checkpoint",
-        help="transformers CLIP/SigLIP/SigLIP 2/Chinese-CLIP/AltCLIP folder, or an open_clip/OpenAI .pt with --open-clip",
+        help="transformers CLIP/SigLIP/SigLIP 2/Chinese-CLIP/AltCLIP folder, "
+        "or an open_clip/OpenAI .pt with --open-clip",
     )
     p.add_argument("out", help="model directory to write")
     p.add_argument(
