@@ -795,3 +795,22 @@ def test_verify_proves_each_family_export(
         rows = verify_model(out, ckpt)
         assert rows and all(r.ok for r in rows), [(r.modality, r.min_cosine) for r in rows]
         assert min(r.min_cosine for r in rows) >= 0.99999
+
+
+def test_int8_and_fp16_variants_for_a_masked_and_a_padded_family(
+    siglip: tuple[Path, Path], masked: tuple[str, Path, Path], tmp_path: Path
+) -> None:
+    """Variants "as today" for the new families: int8 calibration feeds each text tower as it
+    runs (SigLIP padded to the context, BERT/XLM-R with their mask)."""
+    for name, (ckpt, _) in (("siglip", siglip), (masked[0], masked[1:])):
+        out = tmp_path / name
+        export_hf_checkpoint(ckpt, out, precisions=["fp32", "fp16", "int8"])
+        fp32 = start(out)
+        ref = np.stack([r.embedding for r in fp32.generate_text_embedding_batch(TEXTS)])
+        for variant in ("fp16", "int8"):
+            p = OnnxClipPlugin()
+            assert p.initialize(
+                PluginConfig.from_dict({"model": {"path": str(out), "variant": variant}})
+            ), p.last_error
+            got = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
+            assert cosines(got, ref).min() >= 0.99, (name, variant, cosines(got, ref))

@@ -200,15 +200,34 @@ def _feeds(
         }
         if "textual" in towers:
             rows = plugin.tokenize(CALIBRATION_CAPTIONS)
+            engine = plugin._model  # the loaded text tower says how it is fed
+            assert engine is not None
+            assert engine.textual is not None
+            text = engine.textual
             text_feeds = []
             for i in range(0, len(rows), batch):
                 part = rows[i : i + batch]
-                length = max(len(r) for r in part)
-                ids = np.zeros((len(part), length), dtype=np.int64)
-                for j, row in enumerate(part):  # padded with the end token, as the towers see it
-                    ids[j, :] = row[-1]
-                    ids[j, : len(row)] = row
-                text_feeds.append({inputs["textual"]: ids})
+                # padded as the model runs: to the longest row (CLIP: with the end token, as
+                # before) or to the full context (SigLIP), plus the mask where the graph takes one
+                if text.tokenizer.pad_to_context:
+                    ids, mask = text.tokenizer.pad(
+                        part, text.tokenizer.context_length, np.dtype(np.int64)
+                    )
+                elif text.mask is not None:
+                    ids, mask = text.tokenizer.pad(
+                        part, max(len(r) for r in part), np.dtype(np.int64)
+                    )
+                else:
+                    length = max(len(r) for r in part)
+                    ids = np.zeros((len(part), length), dtype=np.int64)
+                    for j, row in enumerate(part):
+                        ids[j, :] = row[-1]
+                        ids[j, : len(row)] = row
+                    mask = None
+                feed = {text.ids.name: ids.astype(np.dtype(text.ids.dtype))}
+                if text.mask is not None and mask is not None:
+                    feed[text.mask.name] = mask.astype(np.dtype(text.mask.dtype))
+                text_feeds.append(feed)
             feeds["textual"] = text_feeds
             described += f" and {len(rows)} built-in captions"
         return feeds, described
