@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,21 @@ def siglip_tokenizer(path: Path) -> None:
     )
 
 
+#: SigLIP's (and SigLIP 2's) tiny text tower: context 16, pad = EOS = 1, last-token pooling
+SIGLIP_TEXT: dict[str, Any] = {
+    "vocab_size": 200,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "max_position_embeddings": 16,
+    "projection_size": 32,
+    "pad_token_id": 1,
+    "eos_token_id": 1,
+    "bos_token_id": None,
+}
+
+
 @pytest.fixture(scope="module")
 def siglip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("siglip")
@@ -83,18 +99,7 @@ def siglip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     siglip_tokenizer(ckpt)
     torch.manual_seed(7)
     config = transformers.SiglipConfig(
-        text_config={
-            "vocab_size": 200,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 16,
-            "projection_size": 32,
-            "pad_token_id": 1,
-            "eos_token_id": 1,
-            "bos_token_id": None,
-        },
+        text_config=SIGLIP_TEXT,
         vision_config={
             "image_size": 32,
             "patch_size": 8,
@@ -210,20 +215,27 @@ def test_siglip_zero_shot_is_a_sigmoid_with_the_checkpoints_bias(siglip: tuple[P
         assert np.abs(got - expected[i]).max() < 1e-5, (got, expected[i])
 
 
+def edited_copy(model: Path, target: Path, edit: Callable[[dict[str, Any]], object]) -> Path:
+    """A copy of a model directory whose manifest ``edit`` changed."""
+    import shutil
+
+    shutil.copytree(model, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    edit(manifest)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
 def test_a_tokenizer_that_does_not_fit_the_family_is_refused(
     siglip: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    import shutil
 
     from themis_clip.export.tokenizer import build_clip_tokenizer
 
-    _, out = siglip
-    broken = tmp_path / "broken"
-    shutil.copytree(out, broken)
+    broken = edited_copy(
+        siglip[1], tmp_path / "broken", lambda m: m["files"].pop("tokenizer.json", None)
+    )
     build_clip_tokenizer(broken / "tokenizer.json")  # a CLIP BPE file: no post-processor EOS
-    manifest = json.loads((broken / "manifest.json").read_text())
-    manifest["files"].pop("tokenizer.json", None)
-    (broken / "manifest.json").write_text(json.dumps(manifest))
     p = OnnxClipPlugin()
     assert not p.initialize(PluginConfig.from_dict({"model": {"path": str(broken)}}))
     assert "adds no special tokens" in (p.last_error or "")
@@ -232,14 +244,11 @@ def test_a_tokenizer_that_does_not_fit_the_family_is_refused(
 def test_declared_mask_without_a_mask_input_is_refused(
     siglip: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    import shutil
 
-    _, out = siglip
-    broken = tmp_path / "mask"
-    shutil.copytree(out, broken)
+    broken = edited_copy(
+        siglip[1], tmp_path / "mask", lambda m: m["textual"].update(attention_mask=True)
+    )
     manifest: dict[str, Any] = json.loads((broken / "manifest.json").read_text())
-    manifest["textual"]["attention_mask"] = True
-    (broken / "manifest.json").write_text(json.dumps(manifest))
     p = OnnxClipPlugin()
     assert not p.initialize(PluginConfig.from_dict({"model": {"path": str(broken)}}))
     assert "declares that its text tower takes an attention mask" in (p.last_error or "")
@@ -713,18 +722,7 @@ def test_siglip2_fixed_resolution_export_matches_pytorch(tmp_path: Path) -> None
     siglip_tokenizer(ckpt)  # a SentencePiece stand-in for Gemma's (same post-processing rule)
     torch.manual_seed(17)
     config = transformers.Siglip2Config(
-        text_config={
-            "vocab_size": 200,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 16,
-            "projection_size": 32,
-            "pad_token_id": 1,
-            "eos_token_id": 1,
-            "bos_token_id": None,
-        },
+        text_config=SIGLIP_TEXT,
         vision_config={
             "num_patches": 16,
             "patch_size": 8,

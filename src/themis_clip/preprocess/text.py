@@ -36,6 +36,7 @@ __all__ = [
     "make_tokenizer",
     "openai_clean",
     "pad_id_from_config",
+    "pad_rows",
 ]
 
 SOT_TOKEN = "<|startoftext|>"
@@ -68,16 +69,7 @@ class CLIPTokenizer:
     """
 
     def __init__(self, path: Path, *, context_length: int = 77, pad_id: int | None = None) -> None:
-        from tokenizers import Tokenizer
-
-        if context_length < 3:
-            raise ModelFormatError(f"context_length must be >= 3, got {context_length}")
-        try:
-            self._tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception subclass
-            raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
-        self._tokenizer.no_padding()
-        self._tokenizer.no_truncation()
+        self._tokenizer = _load(path, context_length, minimum=3)  # SOT, one token, EOT
         sot = self._tokenizer.token_to_id(SOT_TOKEN)
         eot = self._tokenizer.token_to_id(EOT_TOKEN)
         if sot is None or eot is None:
@@ -129,12 +121,7 @@ class CLIPTokenizer:
         self, rows: Sequence[Sequence[int]], length: int, dtype: np.dtype[Any]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """Pad ``rows`` to ``length``; return ``(ids, attention_mask)`` of shape ``(n, length)``."""
-        ids = np.full((len(rows), length), self.pad_id, dtype=dtype)
-        mask = np.zeros((len(rows), length), dtype=dtype)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        return ids, mask
+        return pad_rows(rows, length, self.pad_id, dtype)
 
 
 class HFTokenizer:
@@ -153,15 +140,7 @@ class HFTokenizer:
     def __init__(
         self, path: Path, spec: TextSpec, *, context_length: int, pad_id: int | None = None
     ) -> None:
-        from tokenizers import Tokenizer
-
-        if context_length < 2:
-            raise ModelFormatError(f"context_length must be >= 2, got {context_length}")
-        try:
-            self._tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception subclass
-            raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
-        self._tokenizer.no_padding()
+        self._tokenizer = _load(path, context_length, minimum=2)
         plain = self._tokenizer.encode("a b", add_special_tokens=False).ids
         special = self._tokenizer.encode("a b", add_special_tokens=True).ids
         if plain == special:
@@ -225,12 +204,34 @@ class HFTokenizer:
         self, rows: Sequence[Sequence[int]], length: int, dtype: np.dtype[Any]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """Pad ``rows`` to ``length``; return ``(ids, attention_mask)`` of shape ``(n, length)``."""
-        ids = np.full((len(rows), length), self.pad_id, dtype=dtype)
-        mask = np.zeros((len(rows), length), dtype=dtype)
-        for i, row in enumerate(rows):
-            ids[i, : len(row)] = row
-            mask[i, : len(row)] = 1
-        return ids, mask
+        return pad_rows(rows, length, self.pad_id, dtype)
+
+
+def _load(path: Path, context_length: int, *, minimum: int) -> Any:
+    """A ``tokenizers.Tokenizer`` from ``path``, with no padding or truncation of its own."""
+    from tokenizers import Tokenizer
+
+    if context_length < minimum:
+        raise ModelFormatError(f"context_length must be >= {minimum}, got {context_length}")
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception subclass
+        raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def pad_rows(
+    rows: Sequence[Sequence[int]], length: int, pad_id: int, dtype: np.dtype[Any]
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
+    """``rows`` padded with ``pad_id`` to ``length``: ``(ids, attention_mask)``, ``(n, length)``."""
+    ids = np.full((len(rows), length), pad_id, dtype=dtype)
+    mask = np.zeros((len(rows), length), dtype=dtype)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return ids, mask
 
 
 def make_tokenizer(
