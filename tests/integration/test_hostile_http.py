@@ -433,6 +433,7 @@ def test_bodies_get_the_status_that_names_their_problem(server: ServerProcess) -
     json_headers = {"content-type": "application/json"}
     r = httpx.post(f"{base}/embed/text", content=b'{"text": "\xff\xfe"}', headers=json_headers)
     assert "UTF-8" in err(r, 400, "BadJSON")
+    assert 'status="400"' in httpx.get(f"{base}/metrics").text  # the guard's answers are counted
     deep = b'{"text": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     assert "nested deeper" in err(
         httpx.post(f"{base}/embed/text", content=deep, headers=json_headers), 400, "BadJSON"

@@ -105,8 +105,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         description="CLIP image and text embeddings and multi-modal search on ONNX Runtime",
     )
     app.state.themis = state
-    app.add_middleware(Observe, record=metrics.observe)
-    app.add_middleware(  # outermost: nothing reaches a route before the guard has the body
+    app.add_middleware(  # nothing reaches a route before the guard has the body
         RequestGuard,
         limits=GuardLimits(
             max_body_bytes=settings.max_body_bytes,
@@ -115,6 +114,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         ),
         on_event=lambda name: metrics.guard_events.labels(name).inc(),
     )
+    app.add_middleware(Observe, record=metrics.observe)  # outermost: the guard's answers count
     install_error_handlers(app, metrics, settings.request_timeout_s)
     for module in (ops, embeddings, search, classify, admin):
         app.include_router(module.router)
