@@ -1,17 +1,20 @@
-"""Search quality and latency: HNSW (usearch) vs exact numpy at 100k random 512-d vectors.
+"""Search quality and latency: HNSW (usearch) vs exact numpy at 100k 512-d vectors.
 
-Random unit vectors are the hard case for graph search (no cluster structure). Items go
+``--data random`` (default): random unit vectors, the hard case for graph search (no cluster
+structure). ``--data clustered``: vectors shaped like image embeddings (``bench/embedding_data.py``:
+clusters in a low-dimensional subspace; queries are held-out draws). Items go
 through the real store (SQLite, one transaction per 10k) and the real VectorIndex, so query
 latency includes fetching the hits' rows. Recall@10 is measured against brute force, for
 several ``expansion_search`` values on one saved graph (connectivity 32, expansion_add 128).
 
-Run: .venv/bin/python bench/bench_search.py [--n 100000] [--dim 512] [--queries 300]
+Run: .venv/bin/python bench/bench_search.py [--data clustered] [--n 100000] [--dim 512]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,14 +24,30 @@ import numpy as np
 from themis_clip.index.search import ModelStamp, VectorIndex, top_k
 from themis_clip.index.store import ItemRow
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.embedding_data import clustered_rows, intrinsic_dimension, random_rows
+
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
-    x = rng.standard_normal((n, dim), dtype=np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    return random_rows(rng, n, dim)
+
+
+def demo_intrinsic_dimension() -> float:
+    """TwoNN estimate of the shipped demo model's embeddings of 2,000 generated scenes."""
+    from themis_clip import OnnxClipPlugin, PluginConfig, demo_model_path
+    from themis_clip.demo.scenes import random_scene, render_scene
+
+    rng = np.random.default_rng(1)
+    images = [np.asarray(render_scene(random_scene(rng), size=64)) for _ in range(2000)]
+    plugin = OnnxClipPlugin()
+    assert plugin.initialize(PluginConfig.from_dict({"model": {"path": str(demo_model_path())}}))
+    vectors = np.stack([r.embedding for r in plugin.generate_embedding_batch(images)])
+    return intrinsic_dimension(vectors.astype(np.float32))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--data", choices=["random", "clustered"], default="random")
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--queries", type=int, default=300)
@@ -37,8 +56,16 @@ def main() -> None:
     parser.add_argument("--sweep", default="512,1024,2048,4096")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    data = unit_rows(rng, args.n, args.dim)
-    queries = unit_rows(rng, args.queries, args.dim)
+    if args.data == "clustered":  # one draw, split: queries are held out, never indexed
+        both = clustered_rows(rng, args.n + args.queries, args.dim)
+        data, queries = both[: args.n], both[args.n :]
+        print(
+            f"intrinsic dimension (TwoNN): generated {intrinsic_dimension(data):.1f}, "
+            f"demo model over 2,000 scenes {demo_intrinsic_dimension():.1f}"
+        )
+    else:
+        data = unit_rows(rng, args.n, args.dim)
+        queries = unit_rows(rng, args.queries, args.dim)
     truth = [set(top_k(data, q, 10)[0].tolist()) for q in queries]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.db"
@@ -98,7 +125,7 @@ def main() -> None:
         "readonly_open_first_query_ms": open_ms,
     }
     print(
-        f"{args.n} x {args.dim}-d random unit vectors, {args.queries} queries, "
+        f"{args.n} x {args.dim}-d {args.data} unit vectors, {args.queries} queries, "
         f"connectivity {args.connectivity}, expansion_add {args.expansion_add}"
     )
     for es, r in sweep.items():
