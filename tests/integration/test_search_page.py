@@ -322,8 +322,22 @@ def test_accessibility_and_screenshots(site: tuple[str, Path], browser: Browser)
     assert (ARTIFACTS / "search-page-desktop.png").stat().st_size > 10_000
 
 
-def test_empty_index_and_no_index_say_what_to_do(tmp_path: Path, browser: Browser) -> None:
+def test_empty_index_and_no_index_say_what_to_do(
+    tmp_path: Path, browser: Browser, site: tuple[str, Path], tiny_model_dir: Path
+) -> None:
     browser.viewport(1280, 860)
+    # An index built by another model: the page says so, and how to re-index.
+    _, built = site
+    with ServerProcess(
+        ["--index", str(built / "idx.db"), "--model", str(tiny_model_dir), "--no-warmup"]
+    ) as server:
+        info = httpx.get(server.base + "/index/info").json()
+        assert info["comparable"] is False and info["model_id"] != info["server_model_id"]
+        browser.navigate(server.base + "/")
+        browser.wait_for("document.getElementById('status').textContent.includes('not comparable')")
+        status = browser.evaluate("document.getElementById('status').textContent")
+        assert "Re-index" in status and "themis-clip index DIR --index NEW_PATH" in status
+        assert browser.evaluate("document.getElementById('status').className") == "status error"
     with ServerProcess(["--index", str(tmp_path / "empty.db"), "--no-warmup"]) as server:
         browser.navigate(server.base + "/")
         browser.wait_for(

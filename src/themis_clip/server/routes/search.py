@@ -76,19 +76,20 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         raise APIError(
             422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
         )
-    if body.item is not None:
-        current = state.stamp()
+    if body.item is not None:  # stored vectors against stored vectors: one space, always
         item_key = body.item
 
-        def like() -> tuple[list[Any], str]:
+        def like() -> tuple[list[Any], str, str]:
             with state.index_lock:
+                stamp = idx.stamp
                 try:
-                    return idx.search_like(item_key, body.k, body.filters), idx.mode
+                    hits = idx.search_like(item_key, body.k, body.filters)
                 except KeyError:
                     raise APIError(404, "NotFound", f"no item {item_key!r}") from None
+                return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
 
-        hits, mode = await asyncio.to_thread(like)
-        return _results(hits, mode, current.model_id)
+        hits, mode, space = await asyncio.to_thread(like)
+        return _results(hits, mode, space)
     if body.vector is not None:
         query = np.asarray(body.vector, dtype=np.float32)
         current = state.stamp()
@@ -150,6 +151,8 @@ async def index_info(state: StateDep) -> dict[str, Any]:
     """What the search page's header shows: size, search mode, the index's and server's model."""
     idx = state.require_index()
 
+    served = state.plugin.model_identity
+
     def read() -> dict[str, Any]:
         with state.index_lock:
             stamp = idx.stamp
@@ -159,17 +162,15 @@ async def index_info(state: StateDep) -> dict[str, Any]:
                 "graph_building": idx.graph_building,
                 "model_id": stamp.model_id if stamp else None,
                 "dim": stamp.dim if stamp else None,
+                "server_model_id": served.model_id if served else None,
+                "comparable": stamp is None
+                or (
+                    served is not None
+                    and (stamp.sha256, stamp.dim) == (served.sha256, served.embedding_dim)
+                ),
             }
 
-    info = await asyncio.to_thread(read)
-    served = state.plugin.model_identity
-    info["server_model_id"] = served.model_id if served else None
-    info["comparable"] = info["model_id"] is None or (
-        served is not None
-        and idx.stamp is not None
-        and (idx.stamp.sha256, idx.stamp.dim) == (served.sha256, served.embedding_dim)
-    )
-    return info
+    return await asyncio.to_thread(read)
 
 
 @router.get("/index/filters")
