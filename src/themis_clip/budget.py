@@ -35,10 +35,6 @@ class PixelBudget:
         self._waits = 0
         self._cond = threading.Condition()
 
-    @property
-    def in_use(self) -> int:
-        return self._used
-
     def stats(self) -> dict[str, int]:
         with self._cond:
             return {

@@ -540,3 +540,27 @@ def test_the_catch_all_answers_json_500_and_keeps_the_connection() -> None:
             assert err(r, 500, "InternalError") == "internal server error (logged on the server)"
             assert "secret" not in r.text
         assert c.get("/fine").json() == {"ok": "yes"}
+    # Through real uvicorn: both 500s and the next request travel on one keep-alive connection.
+    import threading
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with socket.create_connection(sock.getsockname(), timeout=20) as conn:
+            for route in ("/boom", "/unencodable", "/fine"):
+                conn.sendall(f"GET {route} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                reply = read_response(conn)
+                assert reply.startswith(b"HTTP/1.1 500" if route != "/fine" else b"HTTP/1.1 200")
+                assert b"connection: close" not in reply.lower()
+    finally:
+        server.should_exit = True
+        thread.join(20)

@@ -192,12 +192,12 @@ def test_clip_as_service_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert q.get_statistics()["image_size"] == 224
 
 
-def test_lakera_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
-    root = tmp_path / "lakera"
-    size, eot = vocab(tiny_model_dir / "tokenizer.json")
+def lakera_towers(root: Path, tag: str, tokenizer: Path) -> None:
+    """lakera's ``clip_image_model_<tag>.onnx`` and ``clip_text_model_<tag>.onnx``."""
+    size, eot = vocab(tokenizer)
     build_vision_tower(
         VisionTowerSpec(input_name="IMAGE", output_name="IMAGE_EMBEDDING"),
-        root / "clip_image_model_vitb32.onnx",
+        root / f"clip_image_model_{tag}.onnx",
     )
     build_text_tower(
         TextTowerSpec(
@@ -207,8 +207,13 @@ def test_lakera_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
             ids_dtype=TensorProto.INT32,
             output_name="TEXT_EMBEDDING",
         ),
-        root / "clip_text_model_vitb32.onnx",
+        root / f"clip_text_model_{tag}.onnx",
     )
+
+
+def test_lakera_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
+    root = tmp_path / "lakera"
+    lakera_towers(root, "vitb32", tiny_model_dir / "tokenizer.json")
     p = start(root, tokenizer_path=str(tiny_model_dir / "tokenizer.json"))
     assert p.get_statistics()["model_variant"] == "lakera-vitb32"
     r = p.generate_embedding_batch([IMAGE, IMAGE])
@@ -249,22 +254,8 @@ def test_resnet_clip_files_load_by_their_peers_names(tmp_path: Path, tiny_model_
     """RN50-family ONNX files as lakera (``clip_image_model_rn50.onnx``) and clip-as-service
     (``RN50x4::openai``: ``visual.onnx`` at 288 px) name them: the loader reads names, shapes and
     sizes from the session, whatever the architecture inside."""
-    size, eot = vocab(tiny_model_dir / "tokenizer.json")
     lakera = tmp_path / "lakera-rn50"
-    build_vision_tower(
-        VisionTowerSpec(input_name="IMAGE", output_name="IMAGE_EMBEDDING"),
-        lakera / "clip_image_model_rn50.onnx",
-    )
-    build_text_tower(
-        TextTowerSpec(
-            vocab_size=size,
-            eot_id=eot,
-            input_name="TEXT",
-            ids_dtype=TensorProto.INT32,
-            output_name="TEXT_EMBEDDING",
-        ),
-        lakera / "clip_text_model_rn50.onnx",
-    )
+    lakera_towers(lakera, "rn50", tiny_model_dir / "tokenizer.json")
     p = start(lakera, tokenizer_path=str(tiny_model_dir / "tokenizer.json"))
     assert p.get_statistics()["model_variant"] == "lakera-rn50"
     assert p.generate_embedding(IMAGE).ok and p.generate_text_embedding(TEXT).ok

@@ -113,13 +113,10 @@ def text_batch_fn(
         groups: dict[str | None, list[int]] = {}
         for i, (_, language) in enumerate(items):
             groups.setdefault(language, []).append(i)
-        out: list[EmbeddingResult | None] = [None] * len(items)
+        out: dict[int, EmbeddingResult] = {}
         for language, idx in groups.items():
             texts = [items[i][0] for i in idx]
-            for i, r in zip(
-                idx, plugin.generate_text_embedding_batch(texts, language), strict=True
-            ):
-                out[i] = r
-        return [r for r in out if r is not None]
+            out.update(zip(idx, plugin.generate_text_embedding_batch(texts, language), strict=True))
+        return [out[i] for i in range(len(items))]  # every item answered, in order
 
     return run
