@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_plugin
+from tests.pg import PgServer, running_server
 from themis_clip import OnnxClipPlugin
 from themis_clip.export.tiny import build_model_dir
 
@@ -42,3 +43,16 @@ def plugin(tiny_model_dir: Path) -> Iterator[OnnxClipPlugin]:
     p = make_plugin(tiny_model_dir)
     yield p
     p.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """One real PostgreSQL + pgvector server for the session (see ``tests/pg.py``)."""
+    with running_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer) -> str:
+    """A fresh database with pgvector enabled, as a connection URL."""
+    return pg_server.url(pg_server.new_database())

@@ -52,6 +52,7 @@ __all__ = [  # the vocabulary's names stay importable from here
     "PluginConfig",
     "PreprocessConfig",
     "ResizeMode",
+    "SearchConfig",
     "SessionConfig",
     "TensorRTConfig",
 ]
@@ -174,6 +175,33 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """The search index (``search`` section; read by the CLI and the server).
+
+    Attributes:
+        index: the index: an SQLite file (relative to the config file) or a
+            ``postgresql://`` URL. ``--index`` overrides it.
+        target_recall: recall@10 against exact search that the self-tuned graph must reach.
+        graph_dtype: vector type of the search graph, ``f16``, ``i8`` or ``f32`` (f16 and i8
+            candidates are re-scored exactly from the stored float32 vectors).
+    """
+
+    index: str | None = None
+    target_recall: float = 0.98
+    graph_dtype: str = "f16"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_recall <= 1:
+            raise ConfigError(
+                f"must be in (0, 1], got {self.target_recall!r}", key="search.target_recall"
+            )
+        if self.graph_dtype not in ("f16", "i8", "f32"):
+            raise ConfigError(
+                f"must be f16, i8 or f32, got {self.graph_dtype!r}", key="search.graph_dtype"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class PluginConfig:
     """Everything ``OnnxClipPlugin.initialize`` needs.
 
@@ -196,6 +224,7 @@ class PluginConfig:
         prepack_weights: let ONNX Runtime prepack weight matrices (faster GEMMs, but a private
             copy of every weight). None: on, except with memory-mapped loading, where the copy
             would defeat the shared mapping.
+        search: the search index and its tuning (the CLI and server read it).
     """
 
     model: ModelConfig
@@ -211,6 +240,7 @@ class PluginConfig:
     drain_timeout_s: float = 30.0
     allow_embedding_space_change: bool = True
     prepack_weights: bool | None = None
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     def __post_init__(self) -> None:
         _check_positive(self.max_batch_size, "max_batch_size")
@@ -325,6 +355,16 @@ class PluginConfig:
             allow_spinning=ses_r.get("allow_spinning", bool),
         )
         ses_r.finish()
+        search_r = r.section("search")
+        index = search_r.get("index", str)
+        if index is not None and not index.startswith(("postgresql://", "postgres://")):
+            index = search_r.path("index")
+        search = SearchConfig(
+            index=index,
+            target_recall=search_r.number("target_recall", 0.98),
+            graph_dtype=search_r.one_of("graph_dtype", ("f16", "i8", "f32"), "f16"),
+        )
+        search_r.finish()
         config = cls(
             model=model,
             backend=r.choice("backend", BackendType) or BackendType.AUTO,
@@ -339,6 +379,7 @@ class PluginConfig:
             drain_timeout_s=r.number("drain_timeout_s", 30.0),
             allow_embedding_space_change=r.get("allow_embedding_space_change", bool, True),
             prepack_weights=r.get("prepack_weights", bool),
+            search=search,
         )
         r.finish()
         return config

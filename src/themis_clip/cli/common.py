@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.index.tuning import GraphSettings
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.resources import demo_model_path
@@ -44,6 +45,34 @@ def config_from(args: argparse.Namespace) -> PluginConfig:
     if args.backend:
         config = replace(config, backend=BackendType(args.backend))
     return config
+
+
+def index_args(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_INDEX) -> None:
+    """``--index`` and the search tuning flags (each overrides the config's ``search``)."""
+    where = f" (default: the config's search.index, else {default})" if default else ""
+    p.add_argument("--index", help=f"index: an SQLite file or a postgresql:// URL{where}")
+    p.add_argument(
+        "--target-recall", type=float, help="recall@10 the search graph must reach (0.98)"
+    )
+    p.add_argument(
+        "--graph-dtype", choices=["f16", "i8", "f32"], help="search graph vector type (f16)"
+    )
+
+
+def index_location(args: argparse.Namespace, default: str | None = DEFAULT_INDEX) -> str | None:
+    """Where the index is: ``--index``, else the config's ``search.index``, else ``default``."""
+    if args.index:
+        return str(args.index)
+    return config_from(args).search.index or default
+
+
+def graph_settings(args: argparse.Namespace) -> GraphSettings:
+    """The self-tuner's settings: the config's ``search`` section, overridden by flags."""
+    search = config_from(args).search
+    target = args.target_recall if args.target_recall is not None else search.target_recall
+    if not 0 < target <= 1:
+        raise CLIError(f"--target-recall must be in (0, 1], got {target}")
+    return GraphSettings(target_recall=target, dtype=args.graph_dtype or search.graph_dtype)
 
 
 def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:

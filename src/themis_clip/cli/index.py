@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 from themis_clip.cli.common import (
-    DEFAULT_INDEX,
     CLIError,
+    graph_settings,
+    index_args,
+    index_location,
     model_args,
     progress_bar,
     stamp_of,
@@ -26,7 +28,7 @@ from themis_clip.plugin import OnnxClipPlugin
 def register(sub: Any) -> None:
     p = sub.add_parser("index", help="index the images under a folder (incremental, resumable)")
     p.add_argument("folder")
-    p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
+    index_args(p)
     p.add_argument("--rebuild", action="store_true", help="delete the index first")
     p.add_argument(
         "--from-parquet", action="store_true", help="FOLDER holds embed-dataset Parquet output"
@@ -40,7 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--index", default=DEFAULT_INDEX, help=f"index file (default {DEFAULT_INDEX})")
+    index_args(p)
     model_args(p)
     p.set_defaults(func=_cmd_search)
 
@@ -49,13 +51,15 @@ def _cmd_index(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     if not folder.is_dir():
         raise CLIError(f"not a folder: {folder}")
+    args.index = index_location(args)
     if args.from_parquet:
         return _index_from_parquet(args, folder)
+    settings = graph_settings(args)
     if args.rebuild:
         VectorIndex.remove(args.index)
     plugin = start_plugin(args)
     try:
-        with VectorIndex(args.index) as index:
+        with VectorIndex(args.index, settings=settings) as index:
             update, bar = progress_bar("indexing")
             with bar:
                 report = index_folder(
@@ -85,12 +89,29 @@ def _print_report(report: IndexReport, index_path: str) -> None:
 
 
 def _prepare_graph(index: VectorIndex) -> None:
-    """Build the HNSW graph once here, so later searches (read-only) never wait for one."""
-    count = index.store.count()
-    if count > index.exact_threshold:
-        print(f"building the HNSW search graph over {count} items ...", file=sys.stderr)
-        if index.prepare_graph():
-            print("HNSW graph saved", file=sys.stderr)
+    """Measure (and build) the search graph once here, so later searches never wait for one;
+    a progress bar follows each graph build, and the measured plan is printed."""
+    update, bar = progress_bar("search graph", unit="vec")
+    phases: list[str] = []
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if not phases or phases[-1] != phase:
+            phases.append(phase)
+            bar.reset(total=total)
+            bar.set_description(phase)
+        update(done, total)
+
+    index.progress = progress
+    try:
+        with bar:
+            built = index.prepare_graph()
+    finally:
+        index.progress = None
+    plan = index.plan
+    if plan is not None:
+        verb = "built and saved" if built else "kept"
+        what = "exact search" if plan.kind == "exact" else f"HNSW graph ({plan.dtype})"
+        print(f"search: {what} {verb}: {plan.reason}", file=sys.stderr)
 
 
 def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
@@ -104,9 +125,10 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
     finally:
         plugin.shutdown()
     check_origin(rows, stamp, source=str(folder))  # before anything is removed or written
+    settings = graph_settings(args)
     if args.rebuild:
         VectorIndex.remove(args.index)
-    with VectorIndex(args.index) as index:
+    with VectorIndex(args.index, settings=settings) as index:
         loaded = import_embeddings(index, rows, stamp, source=str(folder))
         _prepare_graph(index)
         total = index.store.count()
@@ -117,7 +139,7 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise CLIError("-k must be >= 1")
-    with VectorIndex(args.index, readonly=True) as index:
+    with VectorIndex(index_location(args) or "", readonly=True) as index:
         plugin = start_plugin(args)
         try:
             index.bind_model(stamp_of(plugin))  # refuses an index made by another model

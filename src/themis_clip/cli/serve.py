@@ -10,7 +10,14 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from themis_clip.cli.common import CLIError, config_from, model_args
+from themis_clip.cli.common import (
+    CLIError,
+    config_from,
+    graph_settings,
+    index_args,
+    index_location,
+    model_args,
+)
 from themis_clip.errors import ConfigError
 
 
@@ -18,7 +25,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
-    p.add_argument("--index", help="index file for /search and /index/items")
+    index_args(p, default=None)
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
     p.add_argument(
         "--max-queue", type=int, default=4096, help="waiting items before 429 (413 beyond it)"
@@ -90,7 +97,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise CLIError(str(exc).replace("preprocess.", "--").replace("_", "-")) from exc
     settings = ServerSettings(
         plugin_config=config,
-        index_path=args.index,
+        index_path=index_location(args, default=None),
+        search_settings=graph_settings(args),
         model_root=args.model_root,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
         max_body_bytes=int(args.max_body_mb * 2**20),

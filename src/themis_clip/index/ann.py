@@ -1,26 +1,34 @@
 """The only module that imports ``usearch``: an HNSW graph over the store's vectors.
 
 Chosen over hnswlib because usearch is actively maintained, removes and adds incrementally,
-and can *view* a saved index through a memory map (read-only opens cost no load time and no
-private memory). The defaults (connectivity 64, expansion_add 256, expansion_search 2048) reach
-recall@10 0.993 on 100k random 512-d vectors, the hardest case (``bench/bench_search.py``).
+holds vectors as f32, f16 or i8, and can *view* a saved index through a memory map (read-only
+opens cost no load time and no private memory). Its parameters are not fixed here: the
+self-tuner (:mod:`.tuning`) measures which ones a collection needs.
+
+The metric is cosine: the vectors are unit length, so it equals the inner product, and it is
+the metric usearch quantises correctly to i8 (its "ip" on i8 returns raw integer products).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["HNSWIndex"]
+__all__ = ["DTYPES", "HNSWIndex"]
+
+#: Vector types the graph can hold: bytes per component 4, 2 and 1.
+DTYPES = ("f32", "f16", "i8")
 
 
 class HNSWIndex:
     """Cosine HNSW over unit vectors, keyed by the store's integer ids."""
 
-    def __init__(self, index: object) -> None:
+    def __init__(self, index: object, *, view: bool = False) -> None:
         self._index = index
+        self.view = view  # a memory-mapped saved graph: searchable, not modifiable
 
     @classmethod
     def build(
@@ -28,28 +36,35 @@ class HNSWIndex:
         ids: npt.NDArray[np.int64],
         vectors: npt.NDArray[np.float32],
         *,
-        connectivity: int = 64,
-        expansion_add: int = 256,
-        expansion_search: int = 2048,
+        connectivity: int = 16,
+        expansion_add: int = 64,
+        expansion_search: int = 64,
+        dtype: str = "f32",
         threads: int = 0,
+        progress: Callable[[int, int], object] | None = None,
     ) -> HNSWIndex:
-        """Build a graph over ``vectors`` keyed by ``ids`` (``threads`` 0: every core)."""
+        """Build a graph over ``vectors`` keyed by ``ids`` (``threads`` 0: every core).
+
+        ``progress(done, total)`` is called from the insertion threads as vectors go in.
+        """
         from usearch.index import Index
 
+        if dtype not in DTYPES:
+            raise ValueError(f"graph vector type {dtype!r}: expected one of {', '.join(DTYPES)}")
         index = Index(
             ndim=vectors.shape[1],
-            metric="ip",
-            dtype="f32",
+            metric="cos",
+            dtype=dtype,
             connectivity=connectivity,
             expansion_add=expansion_add,
             expansion_search=expansion_search,
         )
-        if len(ids):
-            index.add(ids.astype(np.uint64), vectors, threads=threads)
-        return cls(index)
+        graph = cls(index)
+        graph.add(ids, vectors, threads=threads, progress=progress)
+        return graph
 
     @classmethod
-    def open(cls, path: Path, *, view: bool, expansion_search: int = 2048) -> HNSWIndex | None:
+    def open(cls, path: Path, *, view: bool, expansion_search: int = 64) -> HNSWIndex | None:
         """Load (or, with ``view``, memory-map) a saved index; None if missing or unreadable."""
         from usearch.index import Index
 
@@ -61,8 +76,9 @@ class HNSWIndex:
             return None
         if index is None:
             return None
-        index.expansion_search = expansion_search  # type: ignore[misc]  # settable at run time
-        return cls(index)
+        graph = cls(index, view=view)
+        graph.expansion_search = expansion_search
+        return graph
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -72,11 +88,77 @@ class HNSWIndex:
     def __len__(self) -> int:
         return len(self._index)  # type: ignore[arg-type]
 
+    @property
+    def dtype(self) -> str:
+        return str(self._index.dtype).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]
+
+    @property
+    def connectivity(self) -> int:
+        return int(self._index.connectivity)  # type: ignore[attr-defined]
+
+    @property
+    def expansion_search(self) -> int:
+        return int(self._index.expansion_search)  # type: ignore[attr-defined]
+
+    @expansion_search.setter
+    def expansion_search(self, value: int) -> None:
+        self._index.expansion_search = int(value)  # type: ignore[attr-defined]
+
+    @property
+    def serialized_bytes(self) -> int:
+        """The graph's size saved (and so its resident size when memory-mapped)."""
+        return int(self._index.serialized_length)  # type: ignore[attr-defined]
+
+    def keys(self) -> npt.NDArray[np.int64]:
+        return np.asarray(self._index.keys, dtype=np.int64)  # type: ignore[attr-defined]
+
+    def add(
+        self,
+        ids: npt.NDArray[np.int64],
+        vectors: npt.NDArray[np.float32],
+        *,
+        threads: int = 0,
+        progress: Callable[[int, int], object] | None = None,
+    ) -> None:
+        """Insert vectors (their ids must not be in the graph; :meth:`remove` them first)."""
+        if not len(ids):
+            return
+        callback = None
+        if progress is not None:
+
+            def callback(done: int, total: int) -> bool:
+                progress(done, total)
+                return True  # go on
+
+        self._index.add(  # type: ignore[attr-defined]
+            ids.astype(np.uint64),
+            np.ascontiguousarray(vectors, dtype=np.float32),
+            threads=threads,
+            progress=callback,
+        )
+
+    def remove(self, ids: npt.NDArray[np.int64]) -> None:
+        if len(ids):
+            self._index.remove(ids.astype(np.uint64))  # type: ignore[attr-defined]
+
     def search(
         self, query: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """Top ``k`` ``(ids, cosine scores)`` for one unit query vector, best first."""
+        """Top ``k`` ``(ids, approximate cosine scores)`` for one unit query, best first."""
         matches = self._index.search(query.astype(np.float32), k)  # type: ignore[attr-defined]
         keys = np.asarray(matches.keys, dtype=np.int64)
-        scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)  # "ip" distance = 1 - dot
+        scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)  # cos distance = 1 - cos
         return keys, scores
+
+    def search_many(
+        self, queries: npt.NDArray[np.float32], k: int, *, threads: int = 0
+    ) -> npt.NDArray[np.int64]:
+        """Top ``k`` ids for each row of ``queries``; a row with fewer matches ends in ``-1``."""
+        matches = self._index.search(  # type: ignore[attr-defined]
+            np.ascontiguousarray(queries, dtype=np.float32), k, threads=threads
+        )
+        keys = np.asarray(matches.keys, dtype=np.int64).reshape(len(queries), -1)
+        counts = np.asarray(matches.counts).reshape(-1)
+        for row, found in enumerate(counts):
+            keys[row, int(found) :] = -1
+        return keys

@@ -1,17 +1,29 @@
-"""Search over an :class:`IndexStore`: exact numpy for small collections, HNSW above a threshold.
+"""Search over a store: exact numpy, or an HNSW graph when one is measured to pay off.
 
-The store is the source of truth. The HNSW graph is a cache beside it (``<index>.usearch``),
-tagged with the store's ``write_version``: when the store has changed since, the graph is
-rebuilt (and saved when the index is writable). Read-only opens memory-map the graph.
+The store is the source of truth. For SQLite, the HNSW graph is a cache beside it
+(``<index>.usearch``) tagged with the store's ``write_version``. For PostgreSQL the database
+searches itself (pgvector's HNSW index, :mod:`.pgstore`), so several servers share one index.
 
-Building a graph of a few hundred thousand vectors takes minutes, so no search waits for one
-unless the caller wants that (the default for a writable index, and ``prepare_graph``, which
+Exact or graph, and which graph, is measured, not fixed (:mod:`.tuning`): when exact search
+over the collection costs more than ``exact_fast_ms``, the tuner builds graphs from cheap to
+costly until one reaches the target recall@10 faster than exact search, or keeps exact search
+when none does (random-like data). The plan it measured is kept in the index's metadata and
+reported by :meth:`VectorIndex.stats`; it is measured again when the collection has doubled
+or halved since. Graphs hold f16 (default) or i8 vectors; their top candidates are re-scored
+exactly with the stored float32 vectors.
+
+Writes do not throw the graph (or the exact matrix) away: the store records which rows each
+write touched, and the structure catches up with just those (:meth:`IndexStore.changes_since`);
+a graph is rebuilt only when more than a tenth of it was replaced or removed. A graph caught up
+in memory is saved on :meth:`VectorIndex.close` and by :meth:`VectorIndex.prepare_graph`.
+
+Building a graph of a million vectors takes minutes, so no search waits for one unless the
+caller wants that (the default for a writable index, and ``prepare_graph``, which
 ``themis-clip index`` runs after indexing):
 
 * ``background_build=True`` (the HTTP server): searches stay exact (complete, correct, slower)
-  while a daemon thread builds the graph on half the cores; the next search after it finishes
-  switches to it (and saves it when the index is writable). Writes during the build make it
-  stale; it is then built again.
+  while a daemon thread tunes and builds on half the cores; the next search after it finishes
+  switches to it, after catching it up with the writes made meanwhile.
 * read-only without a current saved graph (one-shot CLI search): exact, since one exact query
   is far cheaper than a graph that could not be kept.
 """
@@ -21,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +42,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.errors import IndexModelMismatchError
+from themis_clip.errors import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
-from themis_clip.index.store import IndexStore
+from themis_clip.index.metadata import validate_filters
+from themis_clip.index.stores import SearchingStore, Store, is_url, open_store
+from themis_clip.index.tuning import GraphSettings, SearchPlan, measure_exact_ms, rescore, tune
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["EXACT_THRESHOLD", "Hit", "ModelStamp", "VectorIndex", "top_k"]
+__all__ = ["Hit", "ModelStamp", "VectorIndex", "top_k"]
 
 log = logging.getLogger(__name__)
 
-# Exact numpy search of 100k x 512 takes ~10 ms on 2 cores; HNSW only pays off beyond that.
-EXACT_THRESHOLD = 200_000
+#: Filters matching at most this many items are answered exactly over just those items.
+SELECTIVE_FILTER = 20_000
+#: A graph is rebuilt rather than caught up when more than this share of it changed.
+CATCH_UP_SHARE = 0.1
 
 
 def ModelStamp(*, model_id: str, sha256: str, dim: int) -> ModelIdentity:  # noqa: N802
@@ -71,46 +87,63 @@ def top_k(
 
 #: The saved HNSW graph lives beside the database as ``<index>`` + this suffix.
 GRAPH_SUFFIX = ".usearch"
+#: Most results one search may ask for.
+MAX_K = 10_000
 
 
 class VectorIndex:
     """Items with vectors, searchable by vector.
 
     Args:
-        path: the SQLite file.
-        readonly: open without writing (the HNSW graph is then memory-mapped).
-        exact_threshold: collections at or below this size are searched exactly.
-        expansion_search: HNSW search breadth (higher: better recall, slower).
-        connectivity, expansion_add: HNSW graph degree and build breadth (when it is built).
-        background_build: build a missing or stale graph in a background thread while searches
-            run exactly (see the module docstring); False: the next search builds it.
+        location: the SQLite file, or a ``postgresql://`` URL.
+        readonly: open without writing (a saved HNSW graph is then memory-mapped).
+        exact_threshold: a fixed rule instead of the measured one: collections at or below this
+            size are searched exactly, larger ones always by graph.
+        expansion_search, connectivity, expansion_add: fixed graph parameters instead of
+            measured ones (None: the tuner chooses).
+        settings: the tuner's target recall, vector type and budgets.
+        background_build: tune and build a graph on a background thread while searches run
+            exactly (see the module docstring); False: the next search builds it.
+        progress: ``(phase, done, total)`` while a graph is built (the CLI's progress bar).
     """
 
     def __init__(
         self,
-        path: str | Path,
+        location: str | Path,
         *,
         readonly: bool = False,
-        exact_threshold: int = EXACT_THRESHOLD,
-        expansion_search: int = 2048,
-        connectivity: int = 64,
-        expansion_add: int = 256,
+        exact_threshold: int | None = None,
+        expansion_search: int | None = None,
+        connectivity: int | None = None,
+        expansion_add: int | None = None,
+        settings: GraphSettings | None = None,
         background_build: bool = False,
+        progress: Callable[[str, int, int], object] | None = None,
     ) -> None:
-        self.store = IndexStore(path, readonly=readonly)
+        self.store: Store = open_store(location, readonly=readonly)
+        self.location = str(self.store.path)  # for messages: a URL without its password
         self.exact_threshold = exact_threshold
         self.expansion_search = expansion_search
-        self._graph = {"connectivity": connectivity, "expansion_add": expansion_add}
-        self._ann_path = Path(str(path) + GRAPH_SUFFIX)
+        self.settings = settings or GraphSettings()
+        self.progress = progress
+        self._fixed = (
+            (connectivity, expansion_add or 4 * connectivity) if connectivity is not None else None
+        )
+        self._ann_path = None if is_url(location) else Path(str(location) + GRAPH_SUFFIX)
         self._cache_version = -1
         self._ids: npt.NDArray[np.int64] = np.empty(0, np.int64)
         self._matrix: npt.NDArray[np.float32] = np.empty((0, 0), np.float32)
         self._ann: HNSWIndex | None = None
+        self._dirty = False  # the graph in memory is ahead of the saved file
         self._background = background_build
-        self._building: tuple[int, Future[HNSWIndex]] | None = None
+        self._building: tuple[int, Future[tuple[SearchPlan, HNSWIndex | None]]] | None = None
 
     def close(self) -> None:
-        self.store.close()
+        try:
+            if self._dirty and self._ann is not None and not self.store.readonly:
+                self._save(self._ann)
+        finally:
+            self.store.close()
 
     @staticmethod
     def files(path: str | Path) -> list[Path]:
@@ -119,9 +152,14 @@ class VectorIndex:
         return [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", GRAPH_SUFFIX)]
 
     @staticmethod
-    def remove(path: str | Path) -> None:
-        """Delete an index at ``path`` with all its side files (absent ones are fine)."""
-        for file in VectorIndex.files(path):
+    def remove(location: str | Path) -> None:
+        """Delete an index with all its side files (a PostgreSQL index: its tables)."""
+        if is_url(location):
+            from themis_clip.index.pgstore import PgStore
+
+            PgStore.drop(str(location))
+            return
+        for file in VectorIndex.files(location):
             file.unlink(missing_ok=True)
 
     def __enter__(self) -> VectorIndex:
@@ -158,12 +196,18 @@ class VectorIndex:
                 f"or --rebuild to replace this index), or load model {current.model_id} again."
             )
 
+    @property
+    def _searching(self) -> SearchingStore:
+        return self.store  # type: ignore[return-value]  # searches_itself says it is one
+
     # -- search --------------------------------------------------------------------------------
 
     def search(
         self, query: npt.NDArray[np.float32], k: int = 10, filters: Mapping[str, Any] | None = None
     ) -> list[Hit]:
         """Top ``k`` items by cosine similarity to the unit vector ``query``."""
+        if not 1 <= int(k) <= MAX_K:
+            raise SearchIndexError(f"k = {k}: expected 1 to {MAX_K}")
         stamp = self.stamp
         if stamp is None:
             return []
@@ -172,18 +216,15 @@ class VectorIndex:
             raise IndexModelMismatchError(
                 f"query has {query.shape[0]} dimensions, the index {stamp.dim}"
             )
-        self._refresh(stamp.dim)
-        allowed = self.store.ids_matching(filters) if filters else None
-        if self._ann is not None:
-            fetch = k if allowed is None else min(len(self._ann), max(k * 20, len(allowed)))
-            ids, scores = self._ann.search(query, fetch)
+        if not np.all(np.isfinite(query)):
+            raise SearchIndexError("the query vector has NaN or infinite components")
+        if filters:
+            self._check_filter_keys(filters)
+        if self.store.searches_itself:
+            ids, scores = self._searching.nearest(query, k, filters)
         else:
-            rows, scores = top_k(self._matrix, query, len(self._ids) if allowed is not None else k)
-            ids = self._ids[rows]
-        if allowed is not None:
-            keep = np.fromiter((i in allowed for i in ids), dtype=bool, count=len(ids))
-            ids, scores = ids[keep], scores[keep]
-        ids, scores = ids[:k], scores[:k]
+            allowed = self.store.ids_matching(filters) if filters else None
+            ids, scores = self._search_local(query, k, allowed, stamp.dim)
         items = self.store.items_by_id([int(i) for i in ids])
         return [
             Hit(
@@ -196,6 +237,51 @@ class VectorIndex:
             if int(i) in items
         ]
 
+    def _check_filter_keys(self, filters: Mapping[str, Any]) -> None:
+        """A filter on a key no item has is a mistake (a typo, or the wrong index): say so."""
+        keys = list(validate_filters(filters))
+        unknown = [k for k in keys if k not in self.store.metadata_keys_present(keys)]
+        if unknown and self.store.count():
+            known = [f["key"] for f in self.store.metadata_facets(max_keys=20, max_values=0)]
+            raise MetadataError(
+                f"filters: no item in this index has the metadata key "
+                f"{', '.join(repr(k) for k in unknown)}; keys it has: "
+                f"{', '.join(repr(k) for k in known) or 'none'}"
+            )
+
+    def _search_local(
+        self,
+        query: npt.NDArray[np.float32],
+        k: int,
+        allowed: set[int] | None,
+        dim: int,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        self._refresh(dim)
+        graph_or_empty = self._ann is not None or not len(self._ids)
+        if allowed is not None and graph_or_empty and len(allowed) <= SELECTIVE_FILTER:
+            ids = np.fromiter(allowed, dtype=np.int64, count=len(allowed))  # exact: complete
+            return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
+        if self._ann is None:
+            if allowed is None:
+                rows, scores = top_k(self._matrix, query, k)
+                return self._ids[rows], scores
+            mask = np.isin(self._ids, np.fromiter(allowed, dtype=np.int64, count=len(allowed)))
+            rows, scores = top_k(self._matrix[mask], query, k)
+            return self._ids[mask][rows], scores
+        ann = self._ann
+        compact = ann.dtype != "f32"
+        want = k
+        if allowed is not None:  # a broad filter: widen the candidate list by its rarity
+            want = int(k * max(1.0, 2 * len(ann) / max(1, len(allowed))))
+        fetch = min(len(ann), self.settings.fetch(want, ann.dtype))
+        ids, scores = ann.search(query, fetch)
+        if allowed is not None:
+            keep = np.fromiter((int(i) in allowed for i in ids), dtype=bool, count=len(ids))
+            ids, scores = ids[keep], scores[keep]
+        if compact:
+            return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
+        return ids[:k], scores[:k]
+
     def search_like(
         self, key: str, k: int = 10, filters: Mapping[str, Any] | None = None
     ) -> list[Hit]:
@@ -207,14 +293,24 @@ class VectorIndex:
         norm = float(np.linalg.norm(vector))
         return self.search(vector / norm if norm > 0 else vector, k, filters)
 
+    # -- what the next search does ---------------------------------------------------------
+
+    @property
+    def plan(self) -> SearchPlan | None:
+        """The tuner's last measured plan for this index (None: never tuned)."""
+        return SearchPlan.from_json(self.store.meta().get("search_plan"))
+
     @property
     def mode(self) -> str:
-        """``"exact"`` or ``"hnsw"``: how the next search runs."""
-        if self.store.count() <= self.exact_threshold:
+        """``"exact"``, ``"hnsw"`` (our graph) or ``"pgvector"``: how the next search runs."""
+        if self.store.searches_itself:
+            return self._searching.search_mode()
+        count = self.store.count()
+        if self.exact_threshold is not None and count <= self.exact_threshold:
             return "exact"
         if self._graph_is_current() or self._saved_tag_is_current():
             return "hnsw"
-        if not (self._background or self.store.readonly):
+        if self.exact_threshold is not None and not (self._background or self.store.readonly):
             return "hnsw"  # the next search builds the graph
         return "exact"
 
@@ -223,108 +319,262 @@ class VectorIndex:
         """Whether a background graph build is running."""
         return self._building is not None and not self._building[1].done()
 
+    def stats(self) -> dict[str, Any]:
+        """Size, mode, the tuner's measured plan and bytes per item (graph and store)."""
+        count = self.store.count()
+        plan = self.plan
+        out: dict[str, Any] = {
+            "items": count,
+            "mode": self.mode,
+            "graph_building": self.graph_building,
+            "store": self.store.kind,
+            "store_bytes_per_item": (self.store.size_bytes() / count) if count else None,
+            "plan": plan.to_dict() if plan else None,
+        }
+        if self._ann is not None:
+            out["graph"] = {
+                "dtype": self._ann.dtype,
+                "connectivity": self._ann.connectivity,
+                "expansion_search": self._ann.expansion_search,
+                "items": len(self._ann),
+                "bytes_per_item": self._ann.serialized_bytes / max(1, len(self._ann)),
+            }
+        return out
+
     def prepare_graph(self) -> bool:
-        """Build and save the HNSW graph now if the collection needs one and it is stale.
+        """Tune, build and save the search graph now if the collection needs one and it is
+        stale (``themis-clip index`` runs this); save a graph caught up in memory.
 
         Returns:
             True if a graph was built.
         """
         stamp = self.stamp
-        if stamp is None or self.store.count() <= self.exact_threshold:
+        if stamp is None:
             return False
-        if self._graph_is_current() or self._saved_tag_is_current():
+        if self.store.searches_itself:
+            return self._searching.prepare(self.settings, progress=self.progress)
+        forced = self.exact_threshold is not None
+        if forced and self.store.count() <= (self.exact_threshold or 0):
             return False
-        ids, matrix = self.store.load_vectors(stamp.dim)
-        self._install(self._build(ids, matrix, threads=0), self.store.write_version)
-        return True
+        self._refresh(stamp.dim, build=False)  # the saved graph, caught up; else exact
+        if self._ann is not None:
+            if self._dirty:
+                self._save(self._ann)
+            return False
+        plan = self.plan
+        exact_planned = not forced and plan is not None and plan.kind == "exact"
+        if exact_planned and not self._plan_is_stale(len(self._ids)):
+            return False  # measured: exact search is the better choice at this size
+        return self._tune_and_install(stamp.dim, threads=0)
+
+    # -- keeping the structures current --------------------------------------------------------
 
     def _graph_is_current(self) -> bool:
         return self._ann is not None and self._cache_version == self.store.write_version
 
     def _saved_tag_is_current(self) -> bool:
-        return self.store.meta().get("ann_version") == str(self.store.write_version)
+        meta = self.store.meta()
+        return (
+            self._ann_path is not None
+            and meta.get("ann_version") == str(self.store.write_version)
+            and self._ann_path.is_file()
+        )
 
-    def _refresh(self, dim: int) -> None:
+    def _plan_is_stale(self, count: int) -> bool:
+        """Whether the measured plan no longer describes the collection (never tuned, or it has
+        doubled or halved since)."""
+        plan = self.plan
+        return plan is None or not (plan.items / 2 <= count <= plan.items * 2)
+
+    def _refresh(self, dim: int, *, build: bool = True) -> None:
         version = self.store.write_version
-        if self._building is not None and self._building[1].done():
-            built, future = self._building
-            self._building = None
-            try:
-                ann = future.result()
-            except Exception as exc:  # a failed build leaves exact search serving
-                log.warning("building the HNSW graph for %s failed: %s", self.store.path, exc)
-            else:
-                if built == version:
-                    self._install(ann, version)
-                    return
-                self._cache_version = -1  # stale: build again for the current version
+        self._collect_background(dim)
         if version == self._cache_version:
             return
-        count = self.store.count()
-        saved = self._open_saved(version) if count > self.exact_threshold else None
-        if count <= self.exact_threshold:
-            self._exact(dim)
-        elif saved is not None:
-            self._use(saved)
-        elif self._background:
-            self._exact(dim)
-            if self._building is None:
-                self._start_build(version)
+        if self._cache_version >= 0 and self._catch_up(dim, version):
+            if self._ann is not None:
+                return
+        else:
+            forced = self.exact_threshold is not None
+            if forced and self.store.count() <= (self.exact_threshold or 0):
+                self._load_exact(dim, version)
+                return
+            plan = self.plan
+            if (forced or (plan is not None and plan.kind == "hnsw")) and self._load_saved(
+                dim, version
+            ):
+                return
+            self._load_exact(dim, version)
+        if build:
+            self._maybe_build(dim)
+
+    def _maybe_build(self, dim: int) -> None:
+        """Serving exactly: start measuring (and building) a graph if it may now pay off."""
+        count = len(self._ids)
+        if self.graph_building:
+            return
+        if self.exact_threshold is not None:
+            if count <= self.exact_threshold:
+                return
+        else:
+            plan = self.plan
+            if plan is not None and plan.kind == "exact" and not self._plan_is_stale(count):
+                return  # measured for about this size: exact is better
+            if plan is None or self._plan_is_stale(count):
+                exact_ms, _ = measure_exact_ms(self._matrix, self._matrix[:15])
+                if exact_ms <= self.settings.exact_fast_ms:
+                    return  # exact search is cheap: not worth measuring a graph yet
+        if self._background:
+            self._start_build(self._cache_version)
         elif self.store.readonly:
             log.info(
-                "%s has no current HNSW graph; searching exactly (`themis-clip index` builds it)",
-                self.store.path,
+                "%s has no current search graph; searching exactly (`themis-clip index` builds it)",
+                self.location,
             )
-            self._exact(dim)
         else:
-            ids, matrix = self.store.load_vectors(dim)
-            self._install(self._build(ids, matrix, threads=0), version)
-            return
-        self._cache_version = self.store.write_version
+            self._tune_and_install(dim, threads=0)
 
-    def _exact(self, dim: int) -> None:
+    def _catch_up(self, dim: int, version: int) -> bool:
+        """Bring the graph or matrix in use from ``_cache_version`` to ``version`` by applying
+        just the rows written and removed since; False when a rebuild is better."""
+        changed, vectors, removed = self.store.changes_since(self._cache_version, dim)
+        ann = self._ann
+        if ann is not None:
+            if ann.view:
+                return False  # a memory-mapped graph cannot change
+            existing = ann.keys()
+        else:
+            existing = self._ids
+        drop = np.union1d(removed, changed)
+        drop = drop[np.isin(drop, existing)]
+        if ann is not None:
+            if len(drop) > CATCH_UP_SHARE * len(existing) + 100:
+                return False  # too many holes: a fresh graph searches better
+            count = len(existing) - len(drop) + len(changed)
+            if self.exact_threshold is None and self._plan_is_stale(count):
+                return False  # the collection outgrew the plan: measure again
+            ann.remove(drop)
+            ann.add(changed, vectors, threads=0)
+            self._dirty = self._dirty or bool(len(drop) or len(changed))
+        else:
+            keep = ~np.isin(self._ids, drop)
+            self._ids = np.concatenate([self._ids[keep], changed])
+            self._matrix = np.concatenate([self._matrix[keep], vectors.reshape(-1, dim)])
+        self._cache_version = version
+        return True
+
+    def _load_exact(self, dim: int, version: int) -> None:
         self._ids, self._matrix = self.store.load_vectors(dim)
         self._ann = None
+        self._dirty = False
+        self._cache_version = version
 
-    def _use(self, ann: HNSWIndex) -> None:
+    def _use(self, ann: HNSWIndex, version: int) -> None:
         self._ann = ann  # the exact-search matrix is no longer needed: free it
         self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, 0), np.float32)
+        self._cache_version = version
 
-    def _open_saved(self, version: int) -> HNSWIndex | None:
-        if self.store.meta().get("ann_version") != str(version):
-            return None
-        return HNSWIndex.open(
-            self._ann_path, view=self.store.readonly, expansion_search=self.expansion_search
-        )
+    def _load_saved(self, dim: int, version: int) -> bool:
+        """Use the saved graph: memory-mapped when current and read-only, loaded and caught up
+        when it is behind and the index is writable."""
+        if self._ann_path is None:
+            return False
+        tag = self.store.meta().get("ann_version")
+        if tag is None or not tag.isdigit():
+            return False
+        saved_at = int(tag)
+        if saved_at != version and self.store.readonly:
+            return False
+        plan = self.plan
+        ef = self.expansion_search or (plan.expansion_search if plan else None) or 64
+        graph = HNSWIndex.open(self._ann_path, view=self.store.readonly, expansion_search=ef)
+        if graph is None:
+            return False
+        self._use(graph, saved_at)
+        if saved_at == version or self._catch_up(dim, version):
+            return True
+        self._ann, self._cache_version = None, -1
+        return False
 
-    def _build(
-        self, ids: npt.NDArray[np.int64], matrix: npt.NDArray[np.float32], *, threads: int
-    ) -> HNSWIndex:
-        log.info("building the HNSW graph for %s (%d vectors)", self.store.path, len(ids))
-        return HNSWIndex.build(
-            ids, matrix, expansion_search=self.expansion_search, threads=threads, **self._graph
+    def _tune(
+        self,
+        ids: npt.NDArray[np.int64],
+        matrix: npt.NDArray[np.float32],
+        *,
+        threads: int,
+    ) -> tuple[SearchPlan, HNSWIndex | None]:
+        log.info("measuring search over %s (%d vectors)", self.location, len(ids))
+        plan, graph = tune(
+            ids,
+            matrix,
+            self.settings,
+            threads=threads,
+            force_graph=self.exact_threshold is not None,
+            fixed=self._fixed,
+            fixed_expansion_search=self.expansion_search,
+            progress=self.progress,
         )
+        log.info("search plan for %s: %s: %s", self.location, plan.kind, plan.reason)
+        return plan, graph
+
+    def _tune_and_install(self, dim: int, *, threads: int) -> bool:
+        version = self.store.write_version
+        if self._ann is not None or self._cache_version != version:
+            self._load_exact(dim, version)
+        plan, graph = self._tune(self._ids, self._matrix, threads=threads)
+        return self._install(plan, graph, version, dim)
+
+    def _collect_background(self, dim: int) -> None:
+        if self._building is None or not self._building[1].done():
+            return
+        built, future = self._building
+        self._building = None
+        try:
+            plan, graph = future.result()
+        except Exception as exc:  # a failed build leaves exact search serving
+            log.warning("building the search graph for %s failed: %s", self.location, exc)
+            return
+        self._install(plan, graph, built, dim)
+
+    def _install(self, plan: SearchPlan, graph: HNSWIndex | None, version: int, dim: int) -> bool:
+        """Record ``plan``; serve ``graph`` (built for ``version``), caught up with later
+        writes, and save it when the index is writable."""
+        if not self.store.readonly:
+            self.store.set_meta({"search_plan": plan.to_json()})
+        if graph is None:
+            if self._ann is not None:
+                self._ann, self._cache_version = None, -1
+            return False
+        self._use(graph, version)
+        current = self.store.write_version
+        if current != version and not self._catch_up(dim, current):
+            self._ann, self._cache_version = None, -1  # too much changed meanwhile: rebuild
+            return True
+        if not self.store.readonly:
+            self._save(graph)
+        return True
+
+    def _save(self, graph: HNSWIndex) -> None:
+        assert self._ann_path is not None
+        graph.save(self._ann_path)
+        # The tag records the version the graph matches (writing it is a version of its own).
+        tag = self.store.tag_graph(self._cache_version)
+        if tag > self._cache_version:
+            self._cache_version = tag
+        self._dirty = False
 
     def _start_build(self, version: int) -> None:
-        """Build on a daemon thread from a snapshot of the vectors (no SQLite use off-thread)."""
+        """Tune and build on a daemon thread from a snapshot of the vectors (no store use
+        off-thread)."""
         ids, matrix = self._ids, self._matrix
-        future: Future[HNSWIndex] = Future()
+        future: Future[tuple[SearchPlan, HNSWIndex | None]] = Future()
         threads = max(1, (os.cpu_count() or 2) // 2)  # leave cores to the embedding sessions
 
         def work() -> None:
             try:
-                future.set_result(self._build(ids, matrix, threads=threads))
+                future.set_result(self._tune(ids, matrix, threads=threads))
             except BaseException as exc:
                 future.set_exception(exc)
 
         self._building = (version, future)
         threading.Thread(target=work, name="themis-hnsw-build", daemon=True).start()
-
-    def _install(self, ann: HNSWIndex, version: int) -> None:
-        """Serve ``ann`` (built for ``version``) and save it when the index is writable."""
-        self._use(ann)
-        if not self.store.readonly:
-            ann.save(self._ann_path)
-            # Saving bumps write_version; the tag records the version the graph matches.
-            self.store.set_meta({"ann_version": version + 1})
-        self._cache_version = self.store.write_version

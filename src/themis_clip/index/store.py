@@ -11,6 +11,11 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
     failures(path TEXT PRIMARY KEY, size, mtime_ns, error)   unreadable files, skipped until changed
     items.thumbnail BLOB (v2)                       JPEG preview of items added without a file
     (v3) metadata repaired: NaN/Infinity → null, lone surrogates → U+FFFD, unreadable → NULL
+    items.written INTEGER (v4)                      the write_version that last wrote the vector
+    removed(id PRIMARY KEY, at INTEGER) (v4)        ids deleted, and at which write_version
+
+``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
+version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
 
 Metadata is validated on the way in (:mod:`.metadata`: bounded, strict JSON objects) and read
 back without ever raising; filters are matched with ``json_each`` and bound parameters only.
@@ -45,7 +50,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
 # One filter term, constant SQL: the key and the value (three times) are bound parameters.
 # JSON equality: the same kind (1 and 1.0 are one number, true is not 1) and the same value.
@@ -66,6 +71,19 @@ def _repair_metadata(db: sqlite3.Connection) -> None:
     db.executemany("UPDATE items SET metadata = ? WHERE id = ?", fixed)
     if fixed:
         log.warning("index: repaired the metadata of %d item(s) (older version)", len(fixed))
+
+
+def _track_changes(db: sqlite3.Connection) -> None:
+    """v4: change tracking, so search structures catch up with writes instead of being rebuilt.
+    A graph saved before it cannot tell what changed since, so its tag is dropped (rebuilt
+    once). Idempotent: an index whose version number was lowered by hand still opens."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+    if "written" not in columns:
+        db.execute("ALTER TABLE items ADD COLUMN written INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX IF NOT EXISTS items_written ON items(written)")
+    db.execute("CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)")
+    db.execute("CREATE INDEX IF NOT EXISTS removed_at ON removed(at)")
+    db.execute("DELETE FROM meta WHERE key = 'ann_version'")
 
 
 _MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
@@ -91,6 +109,9 @@ _MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     2: ["ALTER TABLE items ADD COLUMN thumbnail BLOB"],
     # v3: metadata that is not strict JSON (NaN) or holds lone surrogates, rewritten once.
     3: [_repair_metadata],
+    # v4: change tracking, so search structures catch up instead of rebuilding. A graph saved
+    # before it cannot tell what changed since, so it is dropped (rebuilt once).
+    4: [_track_changes],
 }
 
 
@@ -126,6 +147,10 @@ class IndexStore:
         path: the database file (created unless ``readonly``).
         readonly: open without write access (``mode=ro``); a missing file is an error.
     """
+
+    kind = "sqlite"
+    #: Searched by :class:`~themis_clip.index.search.VectorIndex` (numpy or the HNSW graph).
+    searches_itself = False
 
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
@@ -181,6 +206,8 @@ class IndexStore:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write: committed whole, or rolled back whole."""
+        if self.readonly:
+            raise SearchIndexError(f"index {self.path} is open read-only")
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield self._db
@@ -206,6 +233,19 @@ class IndexStore:
                 [(k, str(v)) for k, v in values.items()],
             )
 
+    def tag_graph(self, version: int) -> int:
+        """Record that the saved graph reflects store ``version``; returns the tag written
+        (the new version itself when nothing was written since ``version``)."""
+        with self.transaction() as db:
+            current = self.write_version
+            tag = current + 1 if current == version else version
+            db.execute(
+                "INSERT INTO meta(key, value) VALUES('ann_version', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (str(tag),),
+            )
+        return tag
+
     @property
     def write_version(self) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'write_version'").fetchone()
@@ -224,20 +264,24 @@ class IndexStore:
                 raise SearchIndexError(
                     f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
                 )
+            if not np.all(np.isfinite(vec)):
+                raise SearchIndexError(f"item {r.key!r}: the vector has NaN or infinite values")
             checked = validate_metadata(r.metadata, where=f"item {r.key!r}: metadata")
             meta = encode(checked) if checked is not None else None
             values.append(
                 (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, vec.tobytes(), r.thumbnail)
             )
         with self.transaction() as db:
+            written = self.write_version + 1  # the version this transaction commits as
             db.executemany(
-                """INSERT INTO items(key, path, size, mtime_ns, sha256, metadata, vector, thumbnail)
-                   VALUES(?, ?, ?, ?, ?, ?, ?, ?)
+                """INSERT INTO items(key, path, size, mtime_ns, sha256, metadata, vector, thumbnail,
+                                     written)
+                   VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT(key) DO UPDATE SET path = excluded.path, size = excluded.size,
                      mtime_ns = excluded.mtime_ns, sha256 = excluded.sha256,
                      metadata = excluded.metadata, vector = excluded.vector,
-                     thumbnail = excluded.thumbnail""",
-                values,
+                     thumbnail = excluded.thumbnail, written = excluded.written""",
+                [(*v, written) for v in values],
             )
             db.executemany(
                 "DELETE FROM failures WHERE path = ?", [(r.path,) for r in rows if r.path]
@@ -248,9 +292,16 @@ class IndexStore:
         if not keys:
             return 0
         with self.transaction() as db:
-            before = db.total_changes
-            db.executemany("DELETE FROM items WHERE key = ?", [(k,) for k in keys])
-            return db.total_changes - before
+            at = self.write_version + 1
+            gone = []
+            for key in keys:
+                gone += db.execute(
+                    "DELETE FROM items WHERE key = ? RETURNING id", (key,)
+                ).fetchall()
+            db.executemany(
+                "INSERT OR REPLACE INTO removed(id, at) VALUES(?, ?)", [(i, at) for (i,) in gone]
+            )
+            return len(gone)
 
     def rename(self, old_key: str, new_key: str, *, path: str, size: int, mtime_ns: int) -> None:
         with self.transaction() as db:
@@ -292,11 +343,38 @@ class IndexStore:
     def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """All ``(ids, vectors [n, dim])``, in id order."""
         rows = self._db.execute("SELECT id, vector FROM items ORDER BY id").fetchall()
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        matrix = np.empty((len(rows), dim), dtype=np.float32)
-        for i, (_, blob) in enumerate(rows):
-            matrix[i] = np.frombuffer(blob, dtype="<f4")
-        return ids, matrix
+        return _unpack(rows, dim)
+
+    def changes_since(
+        self, version: int, dim: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """What changed after ``version``: ``(written ids, their vectors, removed ids)``.
+
+        A removed id may come back written (SQLite reuses the largest id): remove first.
+        """
+        rows = self._db.execute(
+            "SELECT id, vector FROM items WHERE written > ? ORDER BY id", (version,)
+        ).fetchall()
+        ids, matrix = _unpack(rows, dim)
+        gone = self._db.execute("SELECT id FROM removed WHERE at > ?", (version,)).fetchall()
+        return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
+
+    def vectors_by_id(self, ids: Sequence[int], dim: int) -> npt.NDArray[np.float32]:
+        """The float32 vectors of ``ids``, in that order (a missing id gives a zero row)."""
+        out = np.zeros((len(ids), dim), dtype=np.float32)
+        if not len(ids):
+            return out
+        where = {int(i): n for n, i in enumerate(ids)}
+        marks = ",".join("?" * len(where))
+        sql = f"SELECT id, vector FROM items WHERE id IN ({marks})"  # noqa: S608 - only "?" marks
+        for row_id, blob in self._db.execute(sql, list(where)).fetchall():
+            out[where[row_id]] = np.frombuffer(blob, dtype="<f4")
+        return out
+
+    def size_bytes(self) -> int:
+        """The database's size on disk (write-ahead log included)."""
+        files = [self.path, Path(str(self.path) + "-wal")]
+        return sum(f.stat().st_size for f in files if f.is_file())
 
     def items_by_id(self, ids: Sequence[int]) -> dict[int, StoredItem]:
         if not ids:
@@ -319,6 +397,19 @@ class IndexStore:
         where = " AND ".join(clauses)
         sql = f"SELECT id FROM items WHERE CASE WHEN json_valid(metadata) THEN {where} ELSE 0 END"  # noqa: S608 - only "?" marks
         return {r[0] for r in self._db.execute(sql, params).fetchall()}
+
+    def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` some item's metadata has at its top level."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return set()
+        marks = ",".join("?" * len(wanted))
+        sql = (
+            "SELECT DISTINCT e.key FROM items, json_each(items.metadata) AS e "  # noqa: S608
+            "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) "
+            f"AND e.key IN ({marks})"
+        )
+        return {r[0] for r in self._db.execute(sql, wanted).fetchall()}
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
         """The top-level metadata keys the index holds, most common first, with how many items
@@ -377,6 +468,16 @@ class IndexStore:
     def integrity_ok(self) -> bool:
         (result,) = self._db.execute("PRAGMA integrity_check").fetchone()
         return bool(result == "ok")
+
+
+def _unpack(
+    rows: Sequence[tuple[int, bytes]], dim: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    matrix = np.empty((len(rows), dim), dtype=np.float32)
+    for i, (_, blob) in enumerate(rows):
+        matrix[i] = np.frombuffer(blob, dtype="<f4")
+    return ids, matrix
 
 
 def _json_scalar(value: Any, kind: str) -> Any:

@@ -73,8 +73,17 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         state.text_batcher = batcher(text_batch_fn(p), "text")
         if settings.index_path:
             state.index = await asyncio.to_thread(
-                VectorIndex, settings.index_path, background_build=True
+                VectorIndex,
+                settings.index_path,
+                background_build=True,
+                settings=settings.search_settings,
             )
+            if state.index.store.searches_itself and state.index.mode == "exact":
+                log.warning(
+                    "the index at %s has no pgvector HNSW index yet: searches scan every row "
+                    "(`themis-clip index` builds it)",
+                    state.index.store.path,
+                )
         warm: asyncio.Task[None] | None = None
         if settings.warmup:
 

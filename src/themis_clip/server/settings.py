@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from themis_clip.config import PluginConfig
+from themis_clip.index.tuning import GraphSettings
 
 __all__ = ["ServerSettings"]
 
@@ -15,7 +16,9 @@ class ServerSettings:
 
     Attributes:
         plugin_config: the model to serve.
-        index_path: SQLite index for ``/search`` and ``/index/items`` (None: search disabled).
+        index_path: the index for ``/search`` and ``/index/items``: an SQLite file or a
+            ``postgresql://`` URL (None: search disabled).
+        search_settings: the search self-tuner's target recall and graph vector type.
         model_root: folder that ``/admin/reload`` paths must stay inside (None: reload disabled).
         admin_token: bearer token for ``/admin/*`` (None: admin endpoints disabled).
         max_body_bytes: larger request bodies get 413.
@@ -36,6 +39,7 @@ class ServerSettings:
 
     plugin_config: PluginConfig
     index_path: str | None = None
+    search_settings: GraphSettings = field(default_factory=GraphSettings)
     model_root: str | None = None
     admin_token: str | None = None
     max_body_bytes: int = 20 * 2**20

@@ -55,7 +55,16 @@ async def _body(request: Request) -> ReloadRequest:
 @router.get("/stats")
 async def admin_stats(state: StateDep) -> dict[str, Any]:
     """All statistics, reload errors with their paths and runtime messages included."""
-    return ops.full_stats(state)
+    out = ops.full_stats(state)
+    if state.index is not None:
+        index = state.index
+
+        def search_stats() -> dict[str, Any]:
+            with state.index_lock:
+                return index.stats()
+
+        out["index"] = await asyncio.to_thread(search_stats)
+    return out
 
 
 @router.post("/reload")

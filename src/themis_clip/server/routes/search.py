@@ -156,10 +156,14 @@ async def index_info(state: StateDep) -> dict[str, Any]:
     def read() -> dict[str, Any]:
         with state.index_lock:
             stamp = idx.stamp
+            stats = idx.stats()
+            plan = stats["plan"]
             return {
-                "items": idx.store.count(),
-                "mode": idx.mode,
-                "graph_building": idx.graph_building,
+                "items": stats["items"],
+                "mode": stats["mode"],
+                "graph_building": stats["graph_building"],
+                "store": stats["store"],
+                "search_plan": {k: v for k, v in plan.items() if k != "steps"} if plan else None,
                 "model_id": stamp.model_id if stamp else None,
                 "dim": stamp.dim if stamp else None,
                 "server_model_id": served.model_id if served else None,

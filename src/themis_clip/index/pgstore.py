@@ -1,0 +1,757 @@
+"""The only module that imports ``psycopg`` and ``pgvector``: an index in PostgreSQL.
+
+For deployments with several ``serve`` replicas on one index, or collections that outgrow one
+file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
+metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
+and behaves the same (``tests/unit/test_store_contract.py`` runs one suite on both), but the
+database searches itself: pgvector's HNSW index (``vector_cosine_ops``), with
+``hnsw.ef_search`` measured by :meth:`PgStore.prepare` to reach the target recall. With
+pgvector 0.7 or later the HNSW index holds ``halfvec`` (f16) and its candidates are re-scored
+exactly against the stored float32 ``vector`` column, in the same query.
+
+Why psycopg 3: the maintained PostgreSQL driver for Python (binary protocol, server-side
+parameters, thread-safe connections, clear exception classes); ``pgvector`` (the extension
+author's adapter) moves vectors as NumPy arrays in binary form.
+
+Schema (tables ``themis_*`` in the connection's schema; several collections in one database:
+``?options=-csearch_path%3Dname``), versioned in ``themis_meta.schema_version`` and migrated
+under an advisory lock, each migration in one transaction::
+
+    themis_meta(key PRIMARY KEY, value)        model_id, model_sha256, dim, write_version, ...
+    themis_items(id bigserial, key UNIQUE, path, size, mtime_ns, sha256, metadata text,
+                 doc jsonb, thumbnail bytea, written bigint, embedding vector(dim))
+    themis_failures(path PRIMARY KEY, size, mtime_ns, error)
+    themis_removed(id PRIMARY KEY, at)
+
+``metadata`` keeps the JSON text as given back; ``doc`` is the same JSON as ``jsonb`` for
+filters and facets (jsonb cannot hold U+0000, which ``doc`` holds as U+FFFD, in filters too).
+Every write is one transaction that first bumps ``write_version`` (its row lock orders writers);
+a killed client's open transaction is rolled back by the server, so nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.errors import SearchIndexError
+from themis_clip.index.metadata import (
+    decode_stored,
+    encode,
+    validate_filters,
+    validate_metadata,
+)
+from themis_clip.index.store import ItemRow, StoredItem
+
+if TYPE_CHECKING:
+    from themis_clip.index.tuning import GraphSettings
+
+__all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
+
+log = logging.getLogger(__name__)
+
+PG_SCHEMA_VERSION = 1
+_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
+_COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
+
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        "CREATE TABLE IF NOT EXISTS themis_meta (key text PRIMARY KEY, value text NOT NULL)",
+        """CREATE TABLE themis_items (
+            id bigserial PRIMARY KEY,
+            key text NOT NULL UNIQUE,
+            path text,
+            size bigint,
+            mtime_ns bigint,
+            sha256 text,
+            metadata text,
+            doc jsonb,
+            thumbnail bytea,
+            written bigint NOT NULL DEFAULT 0,
+            embedding vector NOT NULL
+        )""",
+        "CREATE INDEX themis_items_sha256 ON themis_items (sha256)",
+        "CREATE INDEX themis_items_path ON themis_items (path text_pattern_ops)",
+        "CREATE INDEX themis_items_written ON themis_items (written)",
+        "CREATE INDEX themis_items_doc ON themis_items USING gin (doc)",
+        """CREATE TABLE themis_failures (
+            path text PRIMARY KEY, size bigint, mtime_ns bigint, error text NOT NULL
+        )""",
+        "CREATE TABLE themis_removed (id bigint PRIMARY KEY, at bigint NOT NULL)",
+        "CREATE INDEX themis_removed_at ON themis_removed (at)",
+    ],
+}
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# A JSON \u0000 escape: preceded by an even number of backslashes (an odd one is a literal).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def _doc(text: str | None) -> str | None:
+    """The ``jsonb`` twin of stored metadata text (U+0000, which jsonb refuses, as U+FFFD)."""
+    if text is None:
+        return None
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text)
+
+
+class PgStore:
+    """An index in a PostgreSQL database with the pgvector extension.
+
+    Args:
+        url: a libpq connection URL (``postgresql://...``).
+        readonly: every transaction read-only; an unmigrated database is an error.
+    """
+
+    kind = "postgresql"
+    searches_itself = True
+
+    def __init__(self, url: str, *, readonly: bool = False, connect_timeout_s: int = 10) -> None:
+        self.url = url
+        self.path = redact(url)
+        self.readonly = readonly
+        self._timeout = connect_timeout_s
+        self._lock = threading.RLock()
+        self._conn = self._connect()
+        try:
+            self.extension_version = self._ensure_extension()
+            self._migrate()
+            self._register()
+        except BaseException:
+            self._conn.close()
+            raise
+        self._dim: int | None = None
+        self._plan_cache: tuple[int, dict[str, Any] | None] = (-1, None)
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self._timeout)
+        except psycopg.Error as exc:
+            raise SearchIndexError(
+                f"cannot connect to PostgreSQL at {self.path}: {_first_line(exc)}"
+            ) from exc
+        if self.readonly:
+            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        return conn
+
+    @contextmanager
+    def _db(self) -> Iterator[Any]:
+        """The connection, reconnected when the server dropped it; psycopg errors translated."""
+        import psycopg
+
+        with self._lock:
+            if self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+                self._register()
+            try:
+                yield self._conn
+            except psycopg.Error as exc:
+                raise SearchIndexError(f"PostgreSQL ({self.path}): {_first_line(exc)}") from exc
+
+    def _register(self) -> None:
+        from pgvector.psycopg import register_vector
+
+        register_vector(self._conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> PgStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    def _ensure_extension(self) -> str:
+        import psycopg
+
+        row = self._conn.execute(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        ).fetchone()
+        if row is not None:
+            return str(row[0])
+        available = self._conn.execute(
+            "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+        ).fetchone()
+        database = self._conn.info.dbname
+        if available is None:
+            raise SearchIndexError(
+                f"PostgreSQL at {self.path} has no pgvector extension installed "
+                "(https://github.com/pgvector/pgvector); install it on the server, then "
+                f"`CREATE EXTENSION vector;` in database {database!r}"
+            )
+        if self.readonly:
+            raise SearchIndexError(
+                f"database {database!r} at {self.path} has no pgvector extension enabled "
+                "(and this open is read-only); open it writable once, or "
+                "`CREATE EXTENSION vector;` as a superuser"
+            )
+        try:
+            self._conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        except psycopg.Error as exc:
+            raise SearchIndexError(
+                f"database {database!r} at {self.path} has no pgvector extension enabled, and "
+                f"this role cannot enable it ({_first_line(exc)}); run "
+                "`CREATE EXTENSION vector;` in it as a superuser"
+            ) from exc
+        row = self._conn.execute(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        ).fetchone()
+        return str(row[0])
+
+    @property
+    def halfvec(self) -> bool:
+        """Whether the extension has ``halfvec`` (pgvector >= 0.7): the HNSW index holds f16."""
+        parts = [int(p) for p in re.findall(r"\d+", self.extension_version)[:2]] + [0, 0]
+        return (parts[0], parts[1]) >= (0, 7)
+
+    def _schema_version(self) -> int:
+        exists = self._conn.execute("SELECT to_regclass('themis_meta')").fetchone()[0]
+        if exists is None:
+            return 0
+        row = self._conn.execute(
+            "SELECT value FROM themis_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self) -> None:
+        import psycopg
+
+        try:
+            version = self._schema_version()
+            if version > PG_SCHEMA_VERSION:
+                raise SearchIndexError(
+                    f"the index at {self.path} has schema version {version}, newer than this "
+                    f"themis-clip supports ({PG_SCHEMA_VERSION}); upgrade themis-onnx-clip"
+                )
+            if version == PG_SCHEMA_VERSION:
+                return
+            if self.readonly:
+                raise SearchIndexError(
+                    f"the index at {self.path} needs a migration; open it writable once"
+                )
+            with self._conn.transaction():
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                version = self._schema_version()  # another process may have just migrated
+                for target in range(version + 1, PG_SCHEMA_VERSION + 1):
+                    for step in _MIGRATIONS[target]:
+                        self._conn.execute(step)
+                    self._conn.execute(
+                        "INSERT INTO themis_meta(key, value) VALUES('schema_version', %s) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        (str(target),),
+                    )
+                self._conn.execute(
+                    "INSERT INTO themis_meta(key, value) VALUES('write_version', '0') "
+                    "ON CONFLICT(key) DO NOTHING"
+                )
+        except psycopg.Error as exc:
+            raise SearchIndexError(
+                f"cannot open the index at {self.path}: {_first_line(exc)}"
+            ) from exc
+
+    @staticmethod
+    def drop(url: str) -> None:
+        """Delete the index's tables (``--rebuild``); other tables are left alone."""
+        store = PgStore(url)
+        try:
+            with store._db() as db, db.transaction():
+                db.execute(
+                    "DROP TABLE IF EXISTS themis_items, themis_failures, themis_removed, "
+                    "themis_meta CASCADE"
+                )
+        finally:
+            store.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One atomic write, numbered: ``write_version`` is bumped first (ordering writers)."""
+        if self.readonly:
+            raise SearchIndexError(f"the index at {self.path} is open read-only")
+        with self._db() as db, db.transaction():
+            (version,) = db.execute(
+                "UPDATE themis_meta SET value = (value::bigint + 1)::text "
+                "WHERE key = 'write_version' RETURNING value::bigint"
+            ).fetchone()
+            self._writing = int(version)
+            yield db
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        with self._db() as db:
+            return dict(db.execute("SELECT key, value FROM themis_meta").fetchall())
+
+    def set_meta(self, values: Mapping[str, str | int]) -> None:
+        with self.transaction() as db:
+            for k, v in values.items():
+                db.execute(
+                    "INSERT INTO themis_meta(key, value) VALUES(%s, %s) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (k, str(v)),
+                )
+            if "dim" in values:
+                self._set_dimension(db, int(values["dim"]))
+
+    def tag_graph(self, version: int) -> int:
+        """Same contract as the SQLite store's (this store keeps no graph file of its own)."""
+        with self.transaction() as db:
+            tag = self._writing if self._writing - 1 == version else version
+            db.execute(
+                "INSERT INTO themis_meta(key, value) VALUES('ann_version', %s) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (str(tag),),
+            )
+        return tag
+
+    @property
+    def write_version(self) -> int:
+        with self._db() as db:
+            row = db.execute("SELECT value FROM themis_meta WHERE key = 'write_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _set_dimension(self, db: Any, dim: int) -> None:
+        """Give the vector column its dimension (pgvector's index needs one), once."""
+        (typmod,) = db.execute(
+            "SELECT atttypmod FROM pg_attribute WHERE attrelid = 'themis_items'::regclass "
+            "AND attname = 'embedding'"
+        ).fetchone()
+        if typmod == dim:
+            return
+        if typmod > 0:
+            raise SearchIndexError(
+                f"the index at {self.path} holds {typmod}-d vectors, not {dim}-d"
+            )
+        db.execute(f"ALTER TABLE themis_items ALTER COLUMN embedding TYPE vector({int(dim)})")
+
+    # -- items ---------------------------------------------------------------------------------
+
+    def upsert(self, rows: Sequence[ItemRow], *, dim: int) -> None:
+        """Insert or replace ``rows`` (matched by key) in one transaction."""
+        if not rows:
+            return
+        values = []
+        for r in rows:
+            vec = np.ascontiguousarray(r.vector, dtype=np.float32)
+            if vec.shape != (dim,):
+                raise SearchIndexError(
+                    f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
+                )
+            if not np.all(np.isfinite(vec)):
+                raise SearchIndexError(f"item {r.key!r}: the vector has NaN or infinite values")
+            checked = validate_metadata(r.metadata, where=f"item {r.key!r}: metadata")
+            meta = encode(checked) if checked is not None else None
+            values.append(
+                (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, _doc(meta), r.thumbnail, vec)
+            )
+        with self.transaction() as db:
+            self._set_dimension(db, dim)
+            written = self._writing
+            with db.cursor() as cur:
+                cur.executemany(
+                    """INSERT INTO themis_items(key, path, size, mtime_ns, sha256, metadata, doc,
+                                                thumbnail, embedding, written)
+                       VALUES(%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s)
+                       ON CONFLICT(key) DO UPDATE SET path = excluded.path,
+                         size = excluded.size, mtime_ns = excluded.mtime_ns,
+                         sha256 = excluded.sha256, metadata = excluded.metadata,
+                         doc = excluded.doc, thumbnail = excluded.thumbnail,
+                         embedding = excluded.embedding, written = excluded.written""",
+                    [(*v, written) for v in values],
+                )
+                paths = [r.path for r in rows if r.path]
+                if paths:
+                    cur.execute("DELETE FROM themis_failures WHERE path = ANY(%s)", (paths,))
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        if not keys:
+            return 0
+        with self.transaction() as db:
+            gone = db.execute(
+                "DELETE FROM themis_items WHERE key = ANY(%s) RETURNING id", (keys,)
+            ).fetchall()
+            with db.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO themis_removed(id, at) VALUES(%s, %s) "
+                    "ON CONFLICT(id) DO UPDATE SET at = excluded.at",
+                    [(i, self._writing) for (i,) in gone],
+                )
+            return len(gone)
+
+    def rename(self, old_key: str, new_key: str, *, path: str, size: int, mtime_ns: int) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE themis_items SET key = %s, path = %s, size = %s, mtime_ns = %s "
+                "WHERE key = %s",
+                (new_key, path, size, mtime_ns, old_key),
+            )
+
+    def _select(self, where: str, params: Sequence[Any]) -> list[Any]:
+        with self._db() as db:
+            # Constant SQL built here; every value is a bound parameter.
+            sql = f"SELECT {_COLUMNS} FROM themis_items WHERE {where}"  # noqa: S608
+            return list(db.execute(sql, params).fetchall())
+
+    def get(self, key: str) -> StoredItem | None:
+        rows = self._select("key = %s", (key,))
+        return _item(rows[0]) if rows else None
+
+    def items_under(self, prefix: str) -> dict[str, StoredItem]:
+        """Items whose path lies under the folder ``prefix`` (keyed by path)."""
+        like = prefix.rstrip("/").replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+        rows = self._select("path LIKE %s", (like + "/%",))
+        return {r[2]: _item(r) for r in rows}
+
+    def by_sha256(self, digest: str) -> list[StoredItem]:
+        return [_item(r) for r in self._select("sha256 = %s", (digest,))]
+
+    def vector(self, key: str) -> npt.NDArray[np.float32] | None:
+        with self._db() as db:
+            row = db.execute("SELECT embedding FROM themis_items WHERE key = %s", (key,)).fetchone()
+        return _np(row[0]) if row else None
+
+    def thumbnail(self, key: str) -> bytes | None:
+        with self._db() as db:
+            row = db.execute("SELECT thumbnail FROM themis_items WHERE key = %s", (key,)).fetchone()
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    def count(self) -> int:
+        with self._db() as db:
+            (n,) = db.execute("SELECT count(*) FROM themis_items").fetchone()
+        return int(n)
+
+    def _vectors(self, sql: str, params: Sequence[Any], dim: int) -> tuple[Any, Any]:
+        with self._db() as db, db.cursor(binary=True) as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        matrix = np.empty((len(rows), dim), dtype=np.float32)
+        for i, (_, vec) in enumerate(rows):
+            matrix[i] = _np(vec)
+        return ids, matrix
+
+    def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """All ``(ids, vectors [n, dim])``, in id order."""
+        ids, matrix = self._vectors("SELECT id, embedding FROM themis_items ORDER BY id", (), dim)
+        return ids, matrix
+
+    def changes_since(
+        self, version: int, dim: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """What changed after ``version``: ``(written ids, their vectors, removed ids)``."""
+        ids, matrix = self._vectors(
+            "SELECT id, embedding FROM themis_items WHERE written > %s ORDER BY id",
+            (version,),
+            dim,
+        )
+        with self._db() as db:
+            gone = db.execute("SELECT id FROM themis_removed WHERE at > %s", (version,)).fetchall()
+        return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
+
+    def vectors_by_id(self, ids: Sequence[int], dim: int) -> npt.NDArray[np.float32]:
+        """The float32 vectors of ``ids``, in that order (a missing id gives a zero row)."""
+        out = np.zeros((len(ids), dim), dtype=np.float32)
+        if not len(ids):
+            return out
+        where = {int(i): n for n, i in enumerate(ids)}
+        found, matrix = self._vectors(
+            "SELECT id, embedding FROM themis_items WHERE id = ANY(%s)", (list(where),), dim
+        )
+        for i, row in zip(found, matrix, strict=True):
+            out[where[int(i)]] = row
+        return out
+
+    def size_bytes(self) -> int:
+        """The index's tables with their indexes and TOAST, as PostgreSQL counts them."""
+        with self._db() as db:
+            (n,) = db.execute(
+                "SELECT sum(pg_total_relation_size(c)) FROM unnest(ARRAY['themis_items', "
+                "'themis_meta', 'themis_failures', 'themis_removed']::regclass[]) AS c"
+            ).fetchone()
+        return int(n or 0)
+
+    def items_by_id(self, ids: Sequence[int]) -> dict[int, StoredItem]:
+        if not ids:
+            return {}
+        rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
+        return {int(r[0]): _item(r) for r in rows}
+
+    def _filter_sql(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """One term per key: ``doc`` contains the pair (the GIN index finds candidates) and the
+        value is equal as JSON (containment alone would let [1, 2] match [1])."""
+        clauses, params = [], []
+        for key, value in validate_filters(filters).items():
+            text = _doc(encode(value))
+            clauses.append("(doc @> %s::jsonb AND doc -> %s = %s::jsonb)")
+            params += [json.dumps({key: json.loads(text or "null")}), key, text]
+        return " AND ".join(clauses), params
+
+    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
+        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality)."""
+        where, params = self._filter_sql(filters)
+        with self._db() as db:
+            sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
+            return {int(r[0]) for r in db.execute(sql, params).fetchall()}
+
+    def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` some item's metadata has at its top level."""
+        found = set()
+        with self._db() as db:
+            for key in dict.fromkeys(keys):
+                row = db.execute(
+                    "SELECT EXISTS(SELECT 1 FROM themis_items WHERE doc ? %s)", (key,)
+                ).fetchone()
+                if row[0]:
+                    found.add(key)
+        return found
+
+    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
+        """The top-level metadata keys, most common first, with their most common scalars."""
+        with self._db() as db:
+            keys = db.execute(
+                "SELECT e.key, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
+                "WHERE jsonb_typeof(doc) = 'object' GROUP BY e.key ORDER BY n DESC, e.key "
+                "LIMIT %s",
+                (max_keys,),
+            ).fetchall()
+            out = []
+            for key, count in keys:
+                rows = db.execute(
+                    "SELECT e.value, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
+                    "WHERE jsonb_typeof(doc) = 'object' AND e.key = %s "
+                    "AND jsonb_typeof(e.value) NOT IN ('object', 'array') "
+                    "GROUP BY e.value ORDER BY n DESC, e.value LIMIT %s",
+                    (key, max_values + 1),
+                ).fetchall()
+                values = [{"value": value, "count": int(n)} for value, n in rows]
+                out.append(
+                    {
+                        "key": key,
+                        "count": int(count),
+                        "values": values[:max_values],
+                        "more_values": len(values) > max_values,
+                    }
+                )
+        return out
+
+    # -- search --------------------------------------------------------------------------------
+
+    def _hnsw_index(self, db: Any) -> bool:
+        row = db.execute("SELECT to_regclass('themis_items_hnsw')").fetchone()
+        return row[0] is not None
+
+    def _plan(self) -> dict[str, Any] | None:
+        version = self.write_version
+        if self._plan_cache[0] != version:
+            text = self.meta().get("search_plan")
+            try:
+                plan = json.loads(text) if text else None
+            except ValueError:
+                plan = None
+            self._plan_cache = (version, plan if isinstance(plan, dict) else None)
+        return self._plan_cache[1]
+
+    def search_mode(self) -> str:
+        with self._db() as db:
+            return "pgvector" if self._hnsw_index(db) else "exact"
+
+    def nearest(
+        self,
+        query: npt.NDArray[np.float32],
+        k: int,
+        filters: Mapping[str, Any] | None,
+        *,
+        expansion_search: int | None = None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Top ``k`` ``(ids, cosine scores)``: pgvector's HNSW index without filters; with
+        filters an exact scan of the matching rows (an HNSW scan filters after the fact and
+        could return fewer than ``k``)."""
+        plan = self._plan()
+        ef = expansion_search or int((plan or {}).get("expansion_search") or 40)
+        q = np.ascontiguousarray(query, dtype=np.float32)
+        with self._db() as db, db.transaction():
+            if filters:
+                where, params = self._filter_sql(filters)
+                db.execute("SET LOCAL enable_indexscan = off")
+                sql = (
+                    "SELECT id, 1 - (embedding <=> %s) FROM themis_items "  # noqa: S608
+                    f"WHERE {where} ORDER BY embedding <=> %s LIMIT %s"
+                )
+                rows = db.execute(sql, [q, *params, q, k]).fetchall()
+            else:
+                db.execute(f"SET LOCAL hnsw.ef_search = {max(k, min(ef, 1000))}")
+                if self.halfvec and self._hnsw_index(db):
+                    rows = self._nearest_halfvec(db, q, k, ef)
+                else:
+                    rows = db.execute(
+                        "SELECT id, 1 - (embedding <=> %s) FROM themis_items "
+                        "ORDER BY embedding <=> %s LIMIT %s",
+                        (q, q, k),
+                    ).fetchall()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        scores = np.fromiter((r[1] for r in rows), dtype=np.float32, count=len(rows))
+        return ids, scores
+
+    def _nearest_halfvec(self, db: Any, q: Any, k: int, ef: int) -> list[Any]:
+        """f16 candidates from the halfvec index, re-scored exactly against ``embedding``."""
+        from pgvector import HalfVector
+
+        dim = len(q)
+        sql = (
+            "SELECT id, 1 - (embedding <=> %s) AS score FROM (SELECT id, embedding "  # noqa: S608
+            f"FROM themis_items ORDER BY embedding::halfvec({dim}) <=> %s::halfvec({dim}) "
+            "LIMIT %s) AS c ORDER BY score DESC LIMIT %s"
+        )
+        return list(db.execute(sql, (q, HalfVector(q), max(3 * k, 40), k)).fetchall())
+
+    def prepare(
+        self,
+        settings: GraphSettings,
+        *,
+        progress: Callable[[str, int, int], object] | None = None,
+    ) -> bool:
+        """Build pgvector's HNSW index if missing, then measure the smallest ``ef_search``
+        reaching the target recall@10 on a sample of stored vectors (recorded as the plan).
+
+        Returns:
+            True if the HNSW index was built.
+        """
+        count = self.count()
+        dim_text = self.meta().get("dim")
+        if not count or dim_text is None:
+            return False
+        dim = int(dim_text)
+        built = False
+        with self._db() as db:
+            if not self._hnsw_index(db):
+                if progress:
+                    progress("pgvector HNSW index", 0, count)
+                ops = (
+                    f"(embedding::halfvec({dim})) halfvec_cosine_ops"
+                    if self.halfvec
+                    else "embedding vector_cosine_ops"
+                )
+                db.execute("SET maintenance_work_mem = '1GB'")
+                db.execute("SET max_parallel_maintenance_workers = 2")
+                db.execute(
+                    f"CREATE INDEX IF NOT EXISTS themis_items_hnsw ON themis_items "
+                    f"USING hnsw ({ops}) WITH (m = 16, ef_construction = 64)"
+                )
+                db.execute("RESET maintenance_work_mem")
+                db.execute("RESET max_parallel_maintenance_workers")
+                built = True
+                if progress:
+                    progress("pgvector HNSW index", count, count)
+        from themis_clip.index.pgtune import measure_ef_search
+
+        self.set_meta({"search_plan": json.dumps(measure_ef_search(self, settings, count))})
+        return built
+
+    def sample(self, n: int) -> list[tuple[int, npt.NDArray[np.float32]]]:
+        """``n`` stored ``(id, vector)`` pairs, the same ones each time (ordered by a hash)."""
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT id, embedding FROM themis_items ORDER BY md5(id::text) LIMIT %s", (n,)
+            ).fetchall()
+        return [(int(i), _np(v)) for i, v in rows]
+
+    def exact_nearest(
+        self, query: npt.NDArray[np.float32], k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Top ``k`` by a full scan (the HNSW index switched off): the ground truth."""
+        with self._db() as db, db.transaction():
+            db.execute("SET LOCAL enable_indexscan = off")
+            rows = db.execute(
+                "SELECT id, 1 - (embedding <=> %s) FROM themis_items "
+                "ORDER BY embedding <=> %s LIMIT %s",
+                (query, query, k),
+            ).fetchall()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        return ids, np.fromiter((r[1] for r in rows), dtype=np.float32, count=len(rows))
+
+    def hnsw_bytes(self) -> int:
+        """The size of pgvector's HNSW index (0 before :meth:`prepare` built it)."""
+        with self._db() as db:
+            if not self._hnsw_index(db):
+                return 0
+            row = db.execute("SELECT pg_relation_size('themis_items_hnsw')").fetchone()
+        return int(row[0] or 0)
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def record_failures(self, rows: Sequence[tuple[str, int, int, str]]) -> None:
+        if rows:
+            with self.transaction() as db, db.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO themis_failures(path, size, mtime_ns, error) "
+                    "VALUES(%s, %s, %s, %s) ON CONFLICT(path) DO UPDATE SET size = excluded.size, "
+                    "mtime_ns = excluded.mtime_ns, error = excluded.error",
+                    rows,
+                )
+
+    def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
+        like = prefix.rstrip("/").replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT path, size, mtime_ns, error FROM themis_failures WHERE path LIKE %s",
+                (like + "/%",),
+            ).fetchall()
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def delete_failures(self, paths: Iterable[str]) -> None:
+        paths = list(paths)
+        if paths:
+            with self.transaction() as db:
+                db.execute("DELETE FROM themis_failures WHERE path = ANY(%s)", (paths,))
+
+    def integrity_ok(self) -> bool:
+        with self._db() as db:
+            (ok,) = db.execute("SELECT count(*) >= 0 FROM themis_items").fetchone()
+        return bool(ok)
+
+
+def _np(value: Any) -> npt.NDArray[np.float32]:
+    """A pgvector value (its adapter's ``Vector``) as a float32 array."""
+    array = value.to_numpy() if hasattr(value, "to_numpy") else value
+    return np.asarray(array, dtype=np.float32)
+
+
+def _item(row: Sequence[Any]) -> StoredItem:
+    return StoredItem(
+        id=int(row[0]),
+        key=row[1],
+        path=row[2],
+        size=row[3],
+        mtime_ns=row[4],
+        sha256=row[5],
+        metadata=decode_stored(row[6], key=row[1]),
+    )

@@ -1,0 +1,358 @@
+"""The self-tuner: measure which search a collection needs instead of guessing.
+
+Graph parameters that suit one collection are wrong for another: clustered, low-dimensional
+data (real embeddings) reaches recall@10 0.98 with a degree-16 graph in about a millisecond,
+while random vectors need a degree-64 graph that is slower than exact search. So at build time
+:func:`tune` measures, on a sample of the collection's own vectors:
+
+1. exact search's latency at this size (the baseline); when it is already fast
+   (``exact_fast_ms``), nothing is built;
+2. for each step of a ladder of graph sizes (connectivity, expansion_add), cheapest first: the
+   smallest ``expansion_search`` whose recall@10 against exact search reaches the target, and
+   its latency (re-scoring included). The first step whose latency beats exact search wins.
+   Higher ``expansion_search`` only costs more, so a sweep stops where it passes exact search's
+   latency; the next, costlier step is tried only when this one came close to the target.
+
+Recall is measured on index members used as queries, each with itself left out of both lists,
+and counts a returned item as correct when its exact score reaches the true 10th score (so
+exact ties and duplicates are not misses). The result, a :class:`SearchPlan`, is recorded in
+the index's metadata and reported by ``stats``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.index.ann import DTYPES, HNSWIndex
+
+__all__ = ["GraphSettings", "SearchPlan", "measure_exact_ms", "rescore", "tune"]
+
+K = 10
+_EXPANSIONS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraphSettings:
+    """How the tuner searches (``search`` section of the config; the defaults suit embeddings).
+
+    Attributes:
+        target_recall: recall@10 against exact search that a graph must reach.
+        dtype: the graph's vector type, ``f16`` (default), ``i8`` or ``f32``. With f16 and i8 the
+            top candidates are re-scored exactly from the stored float32 vectors.
+        rescore: candidates fetched per requested result and re-scored (f16, i8).
+        sample: index members used as tuning queries.
+        exact_fast_ms: exact search at or below this latency is kept without building a graph.
+        ladder: (connectivity, expansion_add) steps, cheapest first.
+        near_miss: a step whose recall came within this of the target earns the next step.
+        max_build_s: a next step predicted to build for longer than this is not tried.
+    """
+
+    target_recall: float = 0.98
+    dtype: str = "f16"
+    rescore: int = 3
+    sample: int = 300
+    exact_fast_ms: float = 1.0
+    ladder: tuple[tuple[int, int], ...] = ((16, 64), (32, 128), (64, 256))
+    near_miss: float = 0.15
+    max_build_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_recall <= 1:
+            raise ValueError(f"target_recall {self.target_recall}: expected 0 < r <= 1")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"graph dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.rescore < 1 or self.sample < 10 or not self.ladder:
+            raise ValueError("rescore >= 1, sample >= 10 and a non-empty ladder are required")
+
+    def fetch(self, k: int, dtype: str) -> int:
+        """Candidates to ask the graph for, for ``k`` results."""
+        return k if dtype == "f32" else k * self.rescore
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchPlan:
+    """What the tuner measured and chose for a collection of ``items`` vectors."""
+
+    kind: str  # "exact" or "hnsw"
+    items: int
+    reason: str
+    exact_p50_ms: float
+    dtype: str | None = None
+    connectivity: int | None = None
+    expansion_add: int | None = None
+    expansion_search: int | None = None
+    recall_at_10: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    graph_bytes_per_item: float | None = None
+    target_recall: float = 0.98
+    tuning_s: float = 0.0
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SearchPlan | None:
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (ValueError, TypeError):  # a plan from another version: tune again
+            return None
+
+
+def measure_exact_ms(
+    matrix: npt.NDArray[np.float32], queries: npt.NDArray[np.float32], *, repeats: int = 15
+) -> tuple[float, float]:
+    """p50 and p99 milliseconds of one exact top-10 query over ``matrix``."""
+    from themis_clip.index.search import top_k
+
+    times = []
+    for q in queries[: max(1, repeats)]:
+        t0 = time.perf_counter()
+        top_k(matrix, q, K)
+        times.append((time.perf_counter() - t0) * 1000)
+    return float(np.percentile(times, 50)), float(np.percentile(times, 99))
+
+
+def rescore(
+    ids: npt.NDArray[np.int64],
+    vectors: npt.NDArray[np.float32],
+    query: npt.NDArray[np.float32],
+    k: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The top ``k`` of candidate ``ids`` by exact score against their float32 ``vectors``."""
+    scores = vectors @ query
+    order = np.argsort(-scores, kind="stable")[:k]
+    return ids[order], scores[order].astype(np.float32)
+
+
+def _truth(matrix: npt.NDArray[np.float32], rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    """Each sample row's true 10th-best score, itself left out."""
+    kth = np.empty(len(rows), np.float32)
+    for start in range(0, len(rows), 64):
+        block = rows[start : start + 64]
+        scores = matrix[block] @ matrix.T  # [b, n]
+        scores[np.arange(len(block)), block] = -np.inf
+        k = min(K, scores.shape[1] - 1)
+        part = np.partition(-scores, k - 1, axis=1)[:, k - 1]
+        kth[start : start + len(block)] = -part
+    return kth
+
+
+@dataclass
+class _Sample:
+    matrix: npt.NDArray[np.float32]
+    ids: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.int64]
+    kth: npt.NDArray[np.float32]
+
+    def recall(self, graph: HNSWIndex, fetch: int, *, threads: int) -> float:
+        """Mean recall@10 of the graph (with re-scoring of ``fetch`` candidates)."""
+        found = graph.search_many(self.matrix[self.rows], fetch + 1, threads=threads)
+        hits = 0
+        total = 0
+        for i, row in enumerate(self.rows):
+            cand = found[i][found[i] >= 0]
+            pos = np.searchsorted(self.ids, cand)
+            pos = pos[
+                (pos < len(self.ids)) & (self.ids[np.minimum(pos, len(self.ids) - 1)] == cand)
+            ]
+            pos = pos[pos != row][:fetch]
+            exact = self.matrix[pos] @ self.matrix[row]
+            top = np.sort(exact)[::-1][:K]
+            want = min(K, len(self.ids) - 1)
+            hits += int(np.sum(top >= self.kth[i] - 1e-6))
+            total += want
+        return hits / total if total else 1.0
+
+    def latency(self, graph: HNSWIndex, fetch: int, *, queries: int = 60) -> tuple[float, float]:
+        """p50/p99 ms of one query: graph search, then exact re-scoring of the candidates."""
+        times = []
+        rescoring = fetch > K
+        for row in self.rows[:queries]:
+            q = self.matrix[row]
+            t0 = time.perf_counter()
+            cand, _ = graph.search(q, fetch)
+            if rescoring:
+                pos = np.searchsorted(self.ids, cand)
+                rescore(cand, self.matrix[np.minimum(pos, len(self.ids) - 1)], q, K)
+            times.append((time.perf_counter() - t0) * 1000)
+        return float(np.percentile(times, 50)), float(np.percentile(times, 99))
+
+
+def tune(
+    ids: npt.NDArray[np.int64],
+    matrix: npt.NDArray[np.float32],
+    settings: GraphSettings,
+    *,
+    threads: int = 0,
+    force_graph: bool = False,
+    fixed: tuple[int, int] | None = None,
+    fixed_expansion_search: int | None = None,
+    progress: Callable[[str, int, int], object] | None = None,
+) -> tuple[SearchPlan, HNSWIndex | None]:
+    """Measure and choose how to search ``matrix`` (rows keyed by ascending ``ids``).
+
+    Args:
+        force_graph: build a graph even when exact search is cheaper (the index's fixed
+            ``exact_threshold`` asked for one); the best step found is kept.
+        fixed: (connectivity, expansion_add) given by the caller: the only step tried.
+        fixed_expansion_search: given by the caller: not swept, only measured.
+        progress: ``(phase, done, total)`` while graphs are built.
+
+    Returns:
+        The plan and, when it chose a graph, the graph.
+    """
+    started = time.perf_counter()
+    n = len(ids)
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(n, size=min(settings.sample, n), replace=False)).astype(np.int64)
+    exact_p50, _ = measure_exact_ms(matrix, matrix[rows])
+    common: dict[str, Any] = {
+        "items": n,
+        "exact_p50_ms": exact_p50,
+        "target_recall": settings.target_recall,
+    }
+    if not force_graph and exact_p50 <= settings.exact_fast_ms:
+        return SearchPlan(
+            kind="exact",
+            reason=f"exact search takes {exact_p50:.2f} ms (<= {settings.exact_fast_ms} ms)",
+            tuning_s=time.perf_counter() - started,
+            **common,
+        ), None
+    sample = _Sample(matrix=matrix, ids=ids, rows=rows, kth=_truth(matrix, rows))
+    ladder = (fixed,) if fixed else settings.ladder
+    fetch = settings.fetch(K, settings.dtype)
+    steps: list[dict[str, Any]] = []
+    best: tuple[float, float, dict[str, Any], HNSWIndex] | None = None  # recall, -p50, ...
+    previous_build = 0.0
+    for number, (connectivity, expansion_add) in enumerate(ladder):
+        if number and previous_build * 4 > settings.max_build_s:
+            steps.append({"connectivity": connectivity, "skipped": "predicted build too long"})
+            break
+        t0 = time.perf_counter()
+        graph = HNSWIndex.build(
+            ids,
+            matrix,
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+            dtype=settings.dtype,
+            threads=threads,
+            progress=_phase(progress, f"graph (connectivity {connectivity})"),
+        )
+        previous_build = time.perf_counter() - t0
+        step: dict[str, Any] = {
+            "connectivity": connectivity,
+            "expansion_add": expansion_add,
+            "build_s": round(previous_build, 2),
+            "sweep": [],
+        }
+        steps.append(step)
+        chosen: dict[str, Any] | None = None
+        closest = 0.0
+        sweep = (fixed_expansion_search,) if fixed_expansion_search else _EXPANSIONS
+        for ef in sweep:
+            if ef is None or ef < fetch:
+                continue
+            graph.expansion_search = ef
+            recall = sample.recall(graph, fetch, threads=threads)
+            p50, p99 = sample.latency(graph, fetch)
+            point = {"expansion_search": ef, "recall_at_10": round(recall, 4), "p50_ms": p50}
+            step["sweep"].append(point)
+            key = (recall, -p50)
+            if best is None or key > best[:2]:
+                best = (recall, -p50, {**point, "p99_ms": p99, **_of(step)}, graph)
+            if p50 <= exact_p50 or force_graph:
+                closest = max(closest, recall)
+            if recall >= settings.target_recall:
+                chosen = {**point, "p99_ms": p99}
+                break
+            if p50 > exact_p50 and not force_graph:
+                break  # a wider search only costs more
+        if chosen is not None and (force_graph or chosen["p50_ms"] < exact_p50):
+            return _graph_plan(
+                common, settings, step, chosen, graph, steps, started, "reaches the target"
+            ), graph
+        if chosen is not None:  # reached, but slower than exact: a bigger graph is slower still
+            break
+        if not force_graph and closest < settings.target_recall - settings.near_miss:
+            break
+    if force_graph and best is not None:
+        _, _, point, graph = best
+        step = next(s for s in steps if s.get("connectivity") == point["connectivity"])
+        return _graph_plan(
+            common, settings, step, point, graph, steps, started, "best found (target missed)"
+        ), graph
+    reached = max((p["recall_at_10"] for s in steps for p in s.get("sweep", [])), default=0.0)
+    return SearchPlan(
+        kind="exact",
+        reason=(
+            f"no graph on the ladder reached recall@10 {settings.target_recall} faster than "
+            f"exact search ({exact_p50:.2f} ms); best recall {reached:.3f}"
+        ),
+        tuning_s=time.perf_counter() - started,
+        steps=steps,
+        **common,
+    ), None
+
+
+def _phase(
+    progress: Callable[[str, int, int], object] | None, phase: str
+) -> Callable[[int, int], object] | None:
+    if progress is None:
+        return None
+    report = progress
+
+    def callback(done: int, total: int) -> object:
+        return report(phase, done, total)
+
+    return callback
+
+
+def _of(step: dict[str, Any]) -> dict[str, Any]:
+    return {"connectivity": step["connectivity"], "expansion_add": step["expansion_add"]}
+
+
+def _graph_plan(
+    common: dict[str, Any],
+    settings: GraphSettings,
+    step: dict[str, Any],
+    point: dict[str, Any],
+    graph: HNSWIndex,
+    steps: list[dict[str, Any]],
+    started: float,
+    why: str,
+) -> SearchPlan:
+    graph.expansion_search = int(point["expansion_search"])
+    return SearchPlan(
+        kind="hnsw",
+        reason=(
+            f"connectivity {step['connectivity']}, expansion_search {point['expansion_search']} "
+            f"{why}: recall@10 {point['recall_at_10']:.3f} in {point['p50_ms']:.2f} ms "
+            f"(exact {common['exact_p50_ms']:.2f} ms)"
+        ),
+        dtype=settings.dtype,
+        connectivity=step["connectivity"],
+        expansion_add=step["expansion_add"],
+        expansion_search=int(point["expansion_search"]),
+        recall_at_10=float(point["recall_at_10"]),
+        p50_ms=float(point["p50_ms"]),
+        p99_ms=float(point.get("p99_ms", point["p50_ms"])),
+        graph_bytes_per_item=graph.serialized_bytes / max(1, len(graph)),
+        tuning_s=time.perf_counter() - started,
+        steps=steps,
+        **common,
+    )

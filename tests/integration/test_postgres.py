@@ -1,0 +1,177 @@
+"""PostgreSQL + pgvector end to end: two ``serve`` replicas on one database, and the CLI's
+``index``/``search`` on a URL. A real server (``tests/pg.py``), real processes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.helpers import ServerProcess, photo_like
+from tests.pg import PgServer
+
+pytestmark = pytest.mark.slow
+
+
+def data_url(seed: int) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(photo_like(48, 40, seed)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_two_servers_on_one_database_see_each_others_writes(
+    pg_url: str, tiny_model_dir: Path
+) -> None:
+    args = ["--model", str(tiny_model_dir), "--index", pg_url, "--no-warmup"]
+    with ServerProcess(args) as a, ServerProcess(args) as b:
+        added = httpx.post(
+            f"{a.base}/index/items",
+            json={
+                "items": [
+                    {"id": f"a{i}", "image": data_url(i), "metadata": {"by": "a"}} for i in range(3)
+                ]
+            },
+            timeout=60,
+        )
+        assert added.status_code == 200, added.text
+        # B answers from the same database at once: no file to copy, no reload.
+        found = httpx.post(f"{b.base}/search", json={"item": "a1", "k": 2}, timeout=60).json()
+        assert found["results"][0]["id"] == "a1" and found["mode"] in ("exact", "pgvector")
+        added = httpx.post(
+            f"{b.base}/index/items",
+            json={"items": [{"id": "b0", "image": data_url(40), "metadata": {"by": "b"}}]},
+            timeout=60,
+        )
+        assert added.status_code == 200, added.text
+        hits = httpx.post(
+            f"{a.base}/search", json={"item": "b0", "k": 5, "filters": {"by": "b"}}, timeout=60
+        ).json()["results"]
+        assert [h["id"] for h in hits] == ["b0"] and hits[0]["metadata"] == {"by": "b"}
+        info = httpx.get(f"{a.base}/index/info", timeout=30).json()
+        assert info["items"] == 4
+        thumb = httpx.get(f"{a.base}/items/b0/thumbnail", timeout=30)  # B's thumbnail, via A
+        assert thumb.status_code == 200 and thumb.content[:2] == b"\xff\xd8"
+        bad = httpx.post(f"{a.base}/search", json={"item": "a1", "filters": {"colour": 1}})
+        assert bad.status_code == 422 and "colour" in bad.text
+
+
+def test_cli_index_and_search_on_a_url(pg_url: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(6):
+        Image.fromarray(photo_like(64, 48, i)).save(folder / f"{i}.png")
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    model = ["--model", str(tiny_model_dir)]
+    run = subprocess.run(
+        [exe, "index", str(folder), "--index", pg_url, *model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "6 added" in run.stdout and "search: " in run.stderr
+    again = subprocess.run(
+        [exe, "index", str(folder), "--index", pg_url, *model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "6 unchanged" in again.stdout, again.stdout + again.stderr
+    found = subprocess.run(
+        [exe, "search", "--image", str(folder / "3.png"), "--index", pg_url, "-k", "1", *model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert found.returncode == 0 and "3.png" in found.stdout, found.stdout + found.stderr
+    # A bad URL is one clear line, not a traceback.
+    bad = subprocess.run(
+        [exe, "search", "x", "--index", "postgresql://nobody@/x?host=/nonexistent", *model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode != 0 and "cannot connect to PostgreSQL" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_kill_9_during_pgvector_indexing(
+    pg_server: PgServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """As ``test_crash`` for SQLite: killed at random moments, the database holds only whole
+    rows, and finishing the run gives exactly the clean run's index."""
+    import random
+
+    import numpy as np
+
+    from themis_clip.index.pgstore import PgStore
+
+    files = 120
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(files):
+        Image.fromarray(photo_like(320, 240, i % 40)).save(
+            folder / f"{i:03d}.jpg", quality=85 + i % 10
+        )
+    exe = str(Path(sys.executable).parent / "themis-clip")
+
+    def index(url: str) -> subprocess.Popen[bytes]:
+        cmd = [
+            exe,
+            "index",
+            str(folder),
+            "--index",
+            url,
+            "--model",
+            str(tiny_model_dir),
+            "--batch-size",
+            "2",
+        ]
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def vectors(url: str) -> dict[str, np.ndarray]:
+        with PgStore(url, readonly=True) as store:
+            ids, matrix = store.load_vectors(32)
+            items = store.items_by_id([int(i) for i in ids])
+            return {items[int(i)].key: matrix[k] for k, i in enumerate(ids)}
+
+    def committed(database: str) -> int:
+        try:
+            rows = pg_server.admin("SELECT count(*) FROM themis_items", database=database)
+        except Exception:  # not created yet
+            return 0
+        return int(rows[0][0])
+
+    clean = pg_server.url(pg_server.new_database())
+    assert index(clean).wait(300) == 0
+    reference = vectors(clean)
+    assert len(reference) == files
+    rng = random.Random(3)
+    mid_run = 0
+    trials = 4
+    for _ in range(trials):
+        database = pg_server.new_database()
+        url = pg_server.url(database)
+        proc = index(url)
+        target = rng.randint(1, files - 1)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and committed(database) < target:
+            time.sleep(0.02)
+        proc.kill()  # SIGKILL: the server rolls the open transaction back
+        proc.wait()
+        if committed(database):
+            partial = vectors(url)
+            assert all(np.array_equal(v, reference[k]) for k, v in partial.items())
+            mid_run += 0 < len(partial) < files
+        assert index(url).wait(300) == 0
+        finished = vectors(url)
+        assert finished.keys() == reference.keys()
+        assert all(np.array_equal(v, reference[k]) for k, v in finished.items())
+    assert mid_run >= trials // 2, f"only {mid_run} kills landed mid-run"

@@ -1,0 +1,51 @@
+"""A real PostgreSQL 16 server with pgvector (the ``pgserver`` wheel), started in a temporary
+directory for the test session; each test gets a database of its own."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+_counter = itertools.count()
+
+
+class PgServer:
+    def __init__(self, server: Any, socket_dir: str) -> None:
+        self.server = server
+        self.socket_dir = socket_dir
+
+    def url(self, database: str = "postgres", user: str = "postgres", password: str = "") -> str:
+        auth = user + (f":{quote(password)}" if password else ":")
+        return f"postgresql://{auth}@/{database}?host={self.socket_dir}"
+
+    def admin(self, sql: str, *params: object, database: str = "postgres") -> list[Any]:
+        import psycopg
+
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
+            cur = conn.execute(sql, params or None)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+    def new_database(self, *, vector: bool = True) -> str:
+        name = f"t{next(_counter)}"
+        self.admin(f"CREATE DATABASE {name}")
+        if vector:
+            self.admin("CREATE EXTENSION vector", database=name)
+        return name
+
+
+@contextmanager
+def running_server() -> Iterator[PgServer]:
+    pgserver = pytest.importorskip("pgserver")
+    # A short path: the server's Unix socket lives there (sun_path holds 107 bytes).
+    with tempfile.TemporaryDirectory(prefix="pg", dir="/tmp") as tmp:
+        server = pgserver.get_server(tmp, cleanup_mode="stop")
+        try:
+            yield PgServer(server, tmp)
+        finally:
+            server.cleanup()

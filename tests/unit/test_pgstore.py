@@ -1,0 +1,93 @@
+"""What only the PostgreSQL store does: connection and extension errors, pgvector's HNSW index
+with a measured ``ef_search``, and the URL in messages without its password."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.pg import PgServer
+from tests.unit.test_search_tuning import clustered
+from themis_clip import SearchIndexError
+from themis_clip.index.pgstore import PgStore, redact
+from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.store import ItemRow
+
+
+def test_unreachable_and_unauthorised_servers_are_clear_errors(pg_server: PgServer) -> None:
+    with pytest.raises(SearchIndexError, match="cannot connect to PostgreSQL at"):
+        VectorIndex("postgresql://postgres@/postgres?host=/nonexistent-dir")
+    with pytest.raises(SearchIndexError, match="cannot connect to PostgreSQL at .*refused"):
+        VectorIndex("postgresql://postgres:secret@127.0.0.1:1/postgres?connect_timeout=3")
+    with pytest.raises(SearchIndexError, match='role "nobody" does not exist'):
+        VectorIndex(pg_server.url(user="nobody"))
+    pg_server.admin("CREATE ROLE locked NOLOGIN")
+    with pytest.raises(SearchIndexError, match="not permitted to log in"):
+        VectorIndex(pg_server.url(user="locked"))
+    # A role that may log in but not read the index someone else created.
+    database = pg_server.new_database()
+    VectorIndex(pg_server.url(database)).close()
+    pg_server.admin("CREATE ROLE reader LOGIN")
+    with pytest.raises(SearchIndexError, match="permission denied"):
+        VectorIndex(pg_server.url(database, user="reader"))
+
+
+def test_a_database_without_pgvector_is_a_clear_error(pg_server: PgServer) -> None:
+    database = pg_server.new_database(vector=False)
+    pg_server.admin("CREATE ROLE owner LOGIN")
+    pg_server.admin(f"ALTER DATABASE {database} OWNER TO owner")
+    # pgvector is not a trusted extension: only a superuser can enable it.
+    with pytest.raises(SearchIndexError, match="no pgvector extension enabled.*superuser"):
+        VectorIndex(pg_server.url(database, user="owner"))
+    with pytest.raises(SearchIndexError, match="read-only"):
+        VectorIndex(pg_server.url(database, user="owner"), readonly=True)
+    # Nothing half-made: once a superuser enables it, the owner opens a fresh index.
+    pg_server.admin("CREATE EXTENSION vector", database=database)
+    with VectorIndex(pg_server.url(database, user="owner")) as index:
+        assert index.store.count() == 0
+
+
+def test_a_superuser_enables_pgvector_itself(pg_server: PgServer) -> None:
+    url = pg_server.url(pg_server.new_database(vector=False))
+    with VectorIndex(url) as index:
+        assert isinstance(index.store, PgStore) and index.store.extension_version == "0.6.2"
+        assert index.store.halfvec is False  # 0.6.2: vector columns, no halfvec
+
+
+def test_read_only_on_an_empty_database_says_what_to_do(pg_url: str) -> None:
+    with pytest.raises(SearchIndexError, match="needs a migration; open it writable once"):
+        VectorIndex(pg_url, readonly=True)
+
+
+def test_passwords_stay_out_of_messages() -> None:
+    assert redact("postgresql://u:hunter2@db:5432/x") == "postgresql://u:***@db:5432/x"
+    with pytest.raises(SearchIndexError) as info:
+        VectorIndex("postgresql://u:hunter2@127.0.0.1:1/x?connect_timeout=3")
+    assert "hunter2" not in str(info.value)
+
+
+def test_prepare_builds_the_hnsw_index_and_measures_ef_search(pg_url: str) -> None:
+    rng = np.random.default_rng(0)
+    both = clustered(rng, 5_100)
+    data, queries = both[:5_000], both[5_000:]
+    with VectorIndex(pg_url) as index:
+        index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=64))
+        for start in range(0, 5_000, 1_000):
+            index.store.upsert(
+                [ItemRow(key=str(i), vector=data[i]) for i in range(start, start + 1_000)], dim=64
+            )
+        assert index.mode == "exact"  # no HNSW index yet: exact scans
+        assert index.prepare_graph() is True and index.mode == "pgvector"
+        plan = index.plan
+        assert plan is not None and plan.kind == "pgvector" and plan.recall_at_10 is not None
+        assert plan.recall_at_10 >= 0.98 and plan.expansion_search is not None
+        stats = index.stats()
+        assert stats["store"] == "postgresql" and stats["store_bytes_per_item"] > 64 * 4
+        recalls = []
+        for q in queries:
+            got = {int(h.key) for h in index.search(q, 10)}
+            recalls.append(len(got & set(np.argsort(-(data @ q))[:10].tolist())) / 10)
+        assert np.mean(recalls) >= 0.95
+        assert index.prepare_graph() is False  # the index exists: only measured again
+    with VectorIndex(pg_url, readonly=True) as ro:  # another process's view of the same plan
+        assert ro.mode == "pgvector" and ro.search(data[3], 1)[0].key == "3"

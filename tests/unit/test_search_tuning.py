@@ -1,0 +1,195 @@
+"""The self-tuning search: measured plans, compact graphs with exact re-scoring, catching up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from themis_clip import MetadataError, SearchIndexError
+from themis_clip.index.ann import HNSWIndex
+from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.store import IndexStore, ItemRow
+from themis_clip.index.tuning import GraphSettings, tune
+
+# Always measure a graph (at these sizes exact search is well under a millisecond).
+MEASURE = GraphSettings(exact_fast_ms=0.0)
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def clustered(rng: np.random.Generator, n: int, dim: int = 64) -> np.ndarray:
+    """Clusters in an 8-d subspace plus a little noise: shaped like embeddings."""
+    centres = rng.standard_normal((200, 8)).astype(np.float32)
+    basis = np.linalg.qr(rng.standard_normal((dim, 8)))[0].astype(np.float32)
+    labels = rng.integers(0, 200, n)
+    inner = centres[labels] + 0.5 * rng.standard_normal((n, 8)).astype(np.float32)
+    return unit_rows(inner @ basis.T + 0.02 * rng.standard_normal((n, dim)).astype(np.float32))
+
+
+def brute_top(data: np.ndarray, q: np.ndarray, k: int) -> set[int]:
+    return set(np.argsort(-(data @ q))[:k].tolist())
+
+
+def fill(path: Path, data: np.ndarray, **kw: object) -> VectorIndex:
+    index = VectorIndex(path, **kw)  # type: ignore[arg-type]
+    index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=data.shape[1]))
+    index.store.upsert(
+        [ItemRow(key=str(i), vector=v, metadata={"odd": i % 2}) for i, v in enumerate(data)],
+        dim=data.shape[1],
+    )
+    return index
+
+
+def count_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    real = HNSWIndex.build.__func__  # type: ignore[attr-defined]
+    calls: list[int] = []
+
+    def counted(cls: type[HNSWIndex], *a: object, **kw: object) -> HNSWIndex:
+        calls.append(int(kw["connectivity"]))  # type: ignore[call-overload]
+        return real(cls, *a, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(HNSWIndex, "build", classmethod(counted))
+    return calls
+
+
+def test_the_tuner_meets_the_target_on_clustered_data_with_the_cheapest_graph() -> None:
+    rng = np.random.default_rng(0)
+    data = clustered(rng, 20_000, dim=256)  # exact search ~1 ms, the graph ~5 times cheaper
+    plan, graph = tune(np.arange(1, 20_001, dtype=np.int64), data, MEASURE)
+    assert plan.kind == "hnsw" and graph is not None
+    assert plan.connectivity == 16 and plan.recall_at_10 is not None
+    assert plan.recall_at_10 >= 0.98 and plan.p50_ms is not None
+    assert plan.p50_ms < plan.exact_p50_ms
+    assert plan.graph_bytes_per_item is not None and plan.graph_bytes_per_item < 256 * 2 + 400
+    # The smallest expansion that reached the target: the one before it did not.
+    sweep = plan.steps[0]["sweep"]
+    assert sweep[-1]["expansion_search"] == plan.expansion_search
+    assert all(p["recall_at_10"] < 0.98 for p in sweep[:-1])
+
+
+def test_the_tuner_keeps_exact_search_on_random_data_and_says_why() -> None:
+    rng = np.random.default_rng(1)
+    data = unit_rows(rng.standard_normal((5_000, 256)).astype(np.float32))
+    plan, graph = tune(np.arange(5_000, dtype=np.int64), data, MEASURE)
+    assert plan.kind == "exact" and graph is None
+    assert "faster than exact search" in plan.reason and plan.steps  # it measured, then gave up
+
+
+def test_cheap_exact_search_is_kept_without_building(monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = count_builds(monkeypatch)
+    data = clustered(np.random.default_rng(2), 2_000)
+    plan, graph = tune(np.arange(2_000, dtype=np.int64), data, GraphSettings())
+    assert plan.kind == "exact" and graph is None and builds == []
+    assert "exact search takes" in plan.reason
+
+
+@pytest.mark.parametrize("dtype", ["f16", "i8"])
+def test_compact_graphs_are_rescored_exactly_and_hold_recall(tmp_path: Path, dtype: str) -> None:
+    rng = np.random.default_rng(3)
+    both = clustered(rng, 20_100)
+    data, queries = both[:20_000], both[20_000:]  # held out: never indexed
+    settings = GraphSettings(dtype=dtype)
+    # exact_threshold 0: always a graph (timing decides nothing here; the tuner tests do that).
+    with fill(tmp_path / "i.db", data, settings=settings, exact_threshold=0) as index:
+        assert index.prepare_graph() is True
+        plan = index.plan
+        assert plan is not None and plan.kind == "hnsw" and plan.dtype == dtype
+        stats = index.stats()
+        assert stats["mode"] == "hnsw" and stats["graph"]["dtype"] == dtype
+        per_item = stats["graph"]["bytes_per_item"]
+        assert per_item < (64 * (2 if dtype == "f16" else 1)) + 400  # compact, not f32
+        recalls = []
+        for q in queries:
+            hits = index.search(q, 10)
+            got = [int(h.key) for h in hits]
+            # Scores are the exact float32 cosines, not the graph's f16/i8 approximations.
+            assert np.allclose([h.score for h in hits], data[got] @ q, atol=1e-6)
+            recalls.append(len(set(got) & brute_top(data, q, 10)) / 10)
+        assert np.mean(recalls) >= 0.97
+
+
+def test_writes_catch_the_graph_up_without_rebuilding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builds = count_builds(monkeypatch)
+    rng = np.random.default_rng(4)
+    data = clustered(rng, 12_000)
+    base, extra = data[:10_000], data[10_000:]
+    with fill(tmp_path / "i.db", base, exact_threshold=0) as index:
+        assert index.prepare_graph() is True and len(builds) == 1
+        index.store.upsert([ItemRow(key=f"new{i}", vector=v) for i, v in enumerate(extra)], dim=64)
+        index.store.delete_keys([str(i) for i in range(50)])
+        moved = unit_rows(rng.standard_normal((1, 64)).astype(np.float32))[0]
+        index.store.upsert([ItemRow(key="77", vector=moved)], dim=64)  # same key, new vector
+        assert index.search(extra[5], 1)[0].key == "new5"
+        assert index.search(moved, 1)[0].key == "77"
+        assert all(h.key not in {str(i) for i in range(50)} for h in index.search(base[3], 10))
+        assert index.mode == "hnsw" and len(builds) == 1  # caught up, not rebuilt
+    # Saved on close, tagged current: a read-only open memory-maps it and sees the writes.
+    with VectorIndex(tmp_path / "i.db", readonly=True) as ro:
+        assert ro.mode == "hnsw"
+        assert ro.search(extra[7], 1)[0].key == "new7"
+        assert ro.stats()["plan"]["kind"] == "hnsw"
+
+
+def test_a_saved_graph_behind_the_store_is_caught_up_by_the_next_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = clustered(np.random.default_rng(5), 10_000)
+    with fill(tmp_path / "i.db", data, exact_threshold=0) as index:
+        assert index.prepare_graph() is True
+    with IndexStore(tmp_path / "i.db") as other:  # another process's write
+        other.upsert(
+            [ItemRow(key="late", vector=data[9]), ItemRow(key="x", vector=data[8])], dim=64
+        )
+        other.delete_keys(["x"])
+    with VectorIndex(tmp_path / "i.db", readonly=True, exact_threshold=0) as ro:
+        assert ro.mode == "exact"  # the saved graph is behind: exact, and still complete
+        assert {h.key for h in ro.search(data[9], 2)} == {"9", "late"}
+    builds = count_builds(monkeypatch)
+    with VectorIndex(tmp_path / "i.db", exact_threshold=0) as rw:
+        assert {h.key for h in rw.search(data[9], 2)} == {"9", "late"}
+        assert rw.mode == "hnsw" and builds == []  # loaded and caught up
+        assert rw.prepare_graph() is False  # saves the caught-up graph
+    with VectorIndex(tmp_path / "i.db", readonly=True) as ro:
+        assert ro.mode == "hnsw"
+        assert {h.key for h in ro.search(data[9], 2)} == {"9", "late"}
+        assert "x" not in {h.key for h in ro.search(data[8], 5)}
+
+
+def test_filters_over_a_graph_are_complete(tmp_path: Path) -> None:
+    data = clustered(np.random.default_rng(6), 10_000)
+    with fill(tmp_path / "i.db", data, exact_threshold=0) as index:
+        assert index.prepare_graph() is True
+        q = data[10]
+        hits = index.search(q, 10, {"odd": 1})
+        want = [i for i in np.argsort(-(data @ q)) if i % 2 == 1][:10]
+        assert [int(h.key) for h in hits] == [int(i) for i in want]
+
+
+def test_bad_queries_are_refused_clearly(tmp_path: Path) -> None:
+    data = clustered(np.random.default_rng(7), 100)
+    with fill(tmp_path / "i.db", data) as index:
+        bad = data[0].copy()
+        bad[3] = np.nan
+        with pytest.raises(SearchIndexError, match="NaN"):
+            index.search(bad, 5)
+        for k in (0, -1, 10**9):
+            with pytest.raises(SearchIndexError, match="expected 1 to"):
+                index.search(data[0], k)
+        with pytest.raises(MetadataError, match="keys must have 1 to"):
+            index.search(data[0], 5, {"": 1})
+        with pytest.raises(MetadataError, match="no item in this index has the metadata key 'od'"):
+            index.search(data[0], 5, {"od": 1})
+        assert index.search(data[0], 5, {"odd": 7}) == []  # a known key, no such value
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        GraphSettings(dtype="f64")
+    with pytest.raises(ValueError, match="target_recall"):
+        GraphSettings(target_recall=1.5)

@@ -1,0 +1,313 @@
+"""One behavioural suite, run on both stores: SQLite (a file) and PostgreSQL + pgvector (a real
+server started by the tests, ``tests/pg.py``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.pg import PgServer
+from tests.unit.test_index import STAMP, FakeEmbedder, unit, write_png
+from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
+from themis_clip.index.indexer import index_folder
+from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.store import ItemRow
+from themis_clip.index.stores import open_store
+
+DIM = 16
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "i.db")
+    server: PgServer = request.getfixturevalue("pg_server")
+    return server.url(server.new_database())
+
+
+def rows(n: int, start: int = 0, **meta: object) -> list[ItemRow]:
+    return [
+        ItemRow(key=f"k{i}", vector=unit(i), metadata={"n": i, "even": i % 2 == 0, **meta})
+        for i in range(start, start + n)
+    ]
+
+
+def test_items_round_trip_exactly(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        store = index.store
+        thumb = b"\xff\xd8 jpeg bytes \x00"
+        store.upsert(
+            [
+                ItemRow(
+                    key="a/b%_c",
+                    vector=unit(1),
+                    path="/p/a.png",
+                    size=10,
+                    mtime_ns=2**62,
+                    sha256="ab" * 32,
+                    metadata={"tag": "x", "nested": {"l": [1, 2.5, None, True]}, "nul": "a\x00b"},
+                    thumbnail=thumb,
+                ),
+                ItemRow(key="b", vector=unit(2)),
+            ],
+            dim=DIM,
+        )
+        got = store.get("a/b%_c")
+        assert got is not None and got.path == "/p/a.png" and got.size == 10
+        assert got.mtime_ns == 2**62 and got.sha256 == "ab" * 32
+        assert got.metadata == {"tag": "x", "nested": {"l": [1, 2.5, None, True]}, "nul": "a\x00b"}
+        assert store.thumbnail("a/b%_c") == thumb and store.thumbnail("b") is None
+        assert np.array_equal(store.vector("b"), unit(2))  # float32, bit for bit
+        assert store.vector("missing") is None and store.get("missing") is None
+        assert store.count() == 2
+        ids, matrix = store.load_vectors(DIM)
+        assert list(ids) == sorted(ids) and np.array_equal(matrix[1], unit(2))
+        # Same key again: replaced in place (same id), not duplicated.
+        before = store.get("b")
+        store.upsert([ItemRow(key="b", vector=unit(3), metadata={"v": 2})], dim=DIM)
+        after = store.get("b")
+        assert before and after and after.id == before.id and after.metadata == {"v": 2}
+        assert np.array_equal(store.vector("b"), unit(3)) and store.count() == 2
+
+
+def test_bad_rows_are_refused_whole(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        good = ItemRow(key="ok", vector=unit(1))
+        with pytest.raises(SearchIndexError, match="vector shape"):
+            index.store.upsert([good, ItemRow(key="c", vector=np.zeros(3, np.float32))], dim=DIM)
+        nan = unit(2).copy()
+        nan[0] = np.nan
+        with pytest.raises(SearchIndexError, match="NaN"):
+            index.store.upsert([good, ItemRow(key="n", vector=nan)], dim=DIM)
+        with pytest.raises(MetadataError, match="NaN"):
+            index.store.upsert(
+                [good, ItemRow(key="m", vector=unit(3), metadata={"x": np.nan})], dim=DIM
+            )
+        assert index.store.count() == 0  # nothing half-written
+
+
+def test_writes_are_versioned_and_tracked(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        store = index.store
+        v0 = store.write_version
+        store.upsert(rows(5), dim=DIM)
+        v1 = store.write_version
+        assert v1 > v0
+        store.upsert([ItemRow(key="k1", vector=unit(100))], dim=DIM)
+        assert store.delete_keys(["k2", "nope"]) == 1
+        changed, vectors, removed = store.changes_since(v1, DIM)
+        k1 = store.get("k1")
+        assert k1 is not None and changed.tolist() == [k1.id]
+        assert np.array_equal(vectors[0], unit(100)) and len(removed) == 1
+        assert store.changes_since(store.write_version, DIM)[0].size == 0
+        assert store.vectors_by_id([k1.id, 10**9], DIM)[1].tolist() == [0.0] * DIM
+
+
+def test_folders_renames_duplicates_and_failures(location: str, tmp_path: Path) -> None:
+    folder = tmp_path / "photos_%"  # LIKE wildcards in the folder name are literal
+    sibling = tmp_path / "photos_%x"
+    for i in range(4):
+        write_png(folder / f"{i}.png", i)
+    write_png(sibling / "s.png", 50)
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    embedder = FakeEmbedder()
+    with VectorIndex(location) as index:
+        index_folder(index, sibling, embedder, stamp=STAMP, progress=False)
+        r = index_folder(index, folder, embedder, stamp=STAMP, chunk=2, progress=False)
+        assert r.added == 4 and [Path(p).name for p, _ in r.failed] == ["broken.jpg"]
+        assert set(index.store.failures_under(str(folder.resolve()))) == {
+            str((folder / "broken.jpg").resolve())
+        }
+        embedder.embedded.clear()
+        os.rename(folder / "0.png", folder / "zero.png")
+        (folder / "copy.png").write_bytes((folder / "1.png").read_bytes())
+        (folder / "3.png").unlink()
+        (folder / "broken.jpg").unlink()
+        r = index_folder(index, folder, embedder, stamp=STAMP, progress=False)
+        assert (r.renamed, r.duplicates, r.removed, r.unchanged) == (1, 1, 1, 2)
+        assert embedder.embedded == [] and not index.store.failures_under(str(folder.resolve()))
+        assert len(index.store.items_under(str(folder.resolve()))) == 4
+        assert index.store.count() == 5  # the sibling folder untouched
+        assert (
+            len(
+                index.store.by_sha256(
+                    index.store.get(str((folder / "1.png").resolve())).sha256 or ""
+                )
+            )
+            == 2
+        )  # type: ignore[union-attr]
+
+
+def test_an_interrupted_run_resumes_to_a_clean_run(location: str, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    for i in range(10):
+        write_png(folder / f"{i:02d}.png", i)
+    with VectorIndex(location) as index:
+        with pytest.raises(KeyboardInterrupt):
+            index_folder(
+                index, folder, FakeEmbedder(crash_after=4), stamp=STAMP, chunk=4, progress=False
+            )
+        assert index.store.count() == 4  # the committed chunk survived, nothing partial
+        resumed = FakeEmbedder()
+        r = index_folder(index, folder, resumed, stamp=STAMP, chunk=4, progress=False)
+        assert r.unchanged == 4 and r.added == 6 and len(resumed.embedded) == 6
+        _, got = index.store.load_vectors(DIM)
+    with VectorIndex(tmp_path / "clean.db") as clean:
+        index_folder(clean, folder, FakeEmbedder(), stamp=STAMP, progress=False)
+        _, want = clean.store.load_vectors(DIM)
+    assert np.array_equal(np.sort(got, axis=0), np.sort(want, axis=0))
+
+
+def test_model_identity_is_recorded_and_enforced(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+    with VectorIndex(location) as index:
+        assert index.stamp == STAMP
+        index.bind_model(STAMP)
+        with pytest.raises(IndexModelMismatchError, match="Re-index"):
+            index.bind_model(ModelStamp(model_id="other@1", sha256="cd" * 32, dim=DIM))
+        with pytest.raises(IndexModelMismatchError, match="3 dimensions"):
+            index.search(np.ones(3, np.float32), 1)
+
+
+def test_search_matches_brute_force_with_filters(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows(300), dim=DIM)
+        data = np.stack([unit(i) for i in range(300)])
+        q = unit(7)
+        hits = index.search(q, 10)
+        want = np.argsort(-(data @ q))[:10]
+        assert [int(h.key[1:]) for h in hits][:1] == [7]
+        assert len({int(h.key[1:]) for h in hits} & set(want.tolist())) >= 9
+        assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+        even = index.search(q, 5, {"even": False})
+        want_odd = [i for i in np.argsort(-(data @ q)) if i % 2][:5]
+        assert [int(h.key[1:]) for h in even] == [int(i) for i in want_odd]
+        assert all(h.metadata and h.metadata["even"] is False for h in even)
+        like = index.search_like("k42", 3)
+        assert like[0].key == "k42"
+        with pytest.raises(KeyError):
+            index.search_like("nope", 3)
+        with pytest.raises(MetadataError, match="no item in this index has the metadata key"):
+            index.search(q, 5, {"colour": "red"})
+
+
+def test_filters_use_json_equality(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        values = [1, 1.0, True, "1", None, [1, 2], [1], {"a": 1}, "a\x00b", 0, False]
+        index.store.upsert(
+            [ItemRow(key=f"v{i}", vector=unit(i), metadata={"x": v}) for i, v in enumerate(values)],
+            dim=DIM,
+        )
+
+        def keys(value: object) -> set[str]:
+            ids = index.store.ids_matching({"x": value})
+            return {item.key for item in index.store.items_by_id(list(ids)).values()}
+
+        assert keys(1) == {"v0", "v1"}  # 1 and 1.0 are one JSON number
+        assert keys(True) == {"v2"} and keys("1") == {"v3"} and keys(None) == {"v4"}
+        assert keys([1, 2]) == {"v5"} and keys([1]) == {"v6"}  # equality, not containment
+        assert keys({"a": 1}) == {"v7"} and keys("a\x00b") == {"v8"}
+        assert keys(0) == {"v9"} and keys(False) == {"v10"}
+
+
+def test_facets_count_keys_and_values(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(
+            [
+                ItemRow(key=f"i{i}", vector=unit(i), metadata={"camera": "x" if i < 3 else "y"})
+                for i in range(5)
+            ]
+            + [ItemRow(key="t", vector=unit(9), metadata={"trip": True, "camera": "x"})],
+            dim=DIM,
+        )
+        facets = {f["key"]: f for f in index.store.metadata_facets()}
+        assert facets["camera"]["count"] == 6 and facets["trip"]["count"] == 1
+        assert facets["camera"]["values"] == [
+            {"value": "x", "count": 4},
+            {"value": "y", "count": 2},
+        ]
+        assert facets["trip"]["values"] == [{"value": True, "count": 1}]
+        assert index.store.metadata_keys_present(["camera", "lens"]) == {"camera"}
+
+
+def test_read_only_opens(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows(3), dim=DIM)
+    with VectorIndex(location, readonly=True) as ro:
+        assert ro.search(unit(1), 1)[0].key == "k1"
+        with pytest.raises(SearchIndexError):
+            ro.store.upsert(rows(1, start=10), dim=DIM)
+    with VectorIndex(location) as rw:
+        assert rw.store.count() == 3
+
+
+def test_two_openers_see_each_others_writes(location: str) -> None:
+    with VectorIndex(location) as a, VectorIndex(location) as b:
+        a.bind_model(STAMP)
+        a.store.upsert(rows(20), dim=DIM)
+        assert b.search(unit(5), 1)[0].key == "k5"
+        b.store.upsert([ItemRow(key="from-b", vector=unit(1000))], dim=DIM)
+        a.store.delete_keys(["k5"])
+        assert a.search(unit(1000), 1)[0].key == "from-b"
+        assert b.search(unit(5), 1)[0].key != "k5"
+
+
+def test_concurrent_writers_lose_nothing(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            with VectorIndex(location) as mine:
+                for batch in range(5):
+                    mine.store.upsert(rows(10, start=w * 1000 + batch * 10), dim=DIM)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    with VectorIndex(location) as index:
+        assert index.store.count() == 150
+
+
+def test_a_newer_schema_is_refused(location: str) -> None:
+    VectorIndex(location).close()
+    if location.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(location, autocommit=True) as conn:
+            conn.execute("UPDATE themis_meta SET value = '99' WHERE key = 'schema_version'")
+    else:
+        import sqlite3
+
+        db = sqlite3.connect(location)
+        db.execute("PRAGMA user_version = 99")
+        db.close()
+    with pytest.raises(SearchIndexError, match="newer than this themis-clip supports"):
+        open_store(location)
+
+
+def test_remove_deletes_the_index(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows(3), dim=DIM)
+    VectorIndex.remove(location)
+    with VectorIndex(location) as index:
+        assert index.store.count() == 0 and index.stamp is None
