@@ -88,6 +88,8 @@ def test_prepare_builds_the_hnsw_index_and_measures_ef_search(pg_url: str) -> No
             got = {int(h.key) for h in index.search(q, 10)}
             recalls.append(len(got & set(np.argsort(-(data @ q))[:10].tolist())) / 10)
         assert np.mean(recalls) >= 0.95
+        # More than an HNSW scan returns (ef_search <= 1000): an exact scan, all of them.
+        assert len(index.search(queries[0], 1_500)) == 1_500
         assert index.prepare_graph() is False  # the index exists: only measured again
     with VectorIndex(pg_url, readonly=True) as ro:  # another process's view of the same plan
         assert ro.mode == "pgvector" and ro.search(data[3], 1)[0].key == "3"

@@ -130,6 +130,9 @@ class HNSWIndex:
                 progress(done, total)
                 return True  # go on
 
+            # usearch checks the callback's annotations as types (here strings: PEP 563).
+            callback.__annotations__ = {"done": int, "total": int, "return": bool}
+
         self._index.add(  # type: ignore[attr-defined]
             ids.astype(np.uint64),
             np.ascontiguousarray(vectors, dtype=np.float32),

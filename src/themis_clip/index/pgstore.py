@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 PG_SCHEMA_VERSION = 1
 _LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
 _COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
+_MAX_EF = 1000  # pgvector's largest hnsw.ef_search
 
 _MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -608,8 +609,10 @@ class PgStore:
                 )
                 rows = db.execute(sql, [q, *params, q, k]).fetchall()
             else:
-                db.execute(f"SET LOCAL hnsw.ef_search = {max(k, min(ef, 1000))}")
-                if self.halfvec and self._hnsw_index(db):
+                if k > _MAX_EF:  # more than an HNSW scan can return: scan exactly
+                    db.execute("SET LOCAL enable_indexscan = off")
+                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(k, ef), _MAX_EF)}")
+                if k <= _MAX_EF and self.halfvec and self._hnsw_index(db):
                     rows = self._nearest_halfvec(db, q, k, ef)
                 else:
                     rows = db.execute(
@@ -626,12 +629,14 @@ class PgStore:
         from pgvector import HalfVector
 
         dim = len(q)
+        fetch = max(3 * k, 40)
+        db.execute(f"SET LOCAL hnsw.ef_search = {min(max(ef, fetch), _MAX_EF)}")
         sql = (
             "SELECT id, 1 - (embedding <=> %s) AS score FROM (SELECT id, embedding "  # noqa: S608
             f"FROM themis_items ORDER BY embedding::halfvec({dim}) <=> %s::halfvec({dim}) "
             "LIMIT %s) AS c ORDER BY score DESC LIMIT %s"
         )
-        return list(db.execute(sql, (q, HalfVector(q), max(3 * k, 40), k)).fetchall())
+        return list(db.execute(sql, (q, HalfVector(q), fetch, k)).fetchall())
 
     def prepare(
         self,

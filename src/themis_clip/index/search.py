@@ -218,13 +218,13 @@ class VectorIndex:
             )
         if not np.all(np.isfinite(query)):
             raise SearchIndexError("the query vector has NaN or infinite components")
-        if filters:
-            self._check_filter_keys(filters)
         if self.store.searches_itself:
             ids, scores = self._searching.nearest(query, k, filters)
         else:
             allowed = self.store.ids_matching(filters) if filters else None
             ids, scores = self._search_local(query, k, allowed, stamp.dim)
+        if filters and not len(ids):  # only then can a key be unknown (no second scan before)
+            self._check_filter_keys(filters)
         items = self.store.items_by_id([int(i) for i in ids])
         return [
             Hit(

@@ -13,14 +13,17 @@ while random vectors need a degree-64 graph that is slower than exact search. So
    Higher ``expansion_search`` only costs more, so a sweep stops where it passes exact search's
    latency; the next, costlier step is tried only when this one came close to the target.
 
-Recall is measured on index members used as queries, each with itself left out of both lists,
-and counts a returned item as correct when its exact score reaches the true 10th score (so
-exact ties and duplicates are not misses). The result, a :class:`SearchPlan`, is recorded in
-the index's metadata and reported by ``stats``.
+Recall is measured on a random sample of the index's own vectors held out of the graph while
+it is measured (they join it afterwards): queries a graph has never seen, like real ones. A
+member used as its own query would overstate recall (measured: 0.984 on members, 0.960 on
+fresh queries, 100k embedding-like vectors). A returned item counts as correct when its exact
+score reaches the true 10th score, so exact ties and duplicates are not misses. The result, a
+:class:`SearchPlan`, is recorded in the index's metadata and reported by ``stats``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -35,6 +38,8 @@ from themis_clip.index.ann import DTYPES, HNSWIndex
 __all__ = ["GraphSettings", "SearchPlan", "measure_exact_ms", "rescore", "tune"]
 
 K = 10
+#: Fewer held-out queries than this measure nothing (collections under 50 vectors).
+MIN_SAMPLE = 10
 _EXPANSIONS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
 
 
@@ -140,13 +145,13 @@ def rescore(
 
 
 def _truth(matrix: npt.NDArray[np.float32], rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-    """Each sample row's true 10th-best score, itself left out."""
+    """Each held-out sample row's true 10th-best score among the rows that are not held out."""
     kth = np.empty(len(rows), np.float32)
+    k = min(K, len(matrix) - len(rows))
     for start in range(0, len(rows), 64):
         block = rows[start : start + 64]
         scores = matrix[block] @ matrix.T  # [b, n]
-        scores[np.arange(len(block)), block] = -np.inf
-        k = min(K, scores.shape[1] - 1)
+        scores[:, rows] = -np.inf  # the held-out rows are not in the graph being measured
         part = np.partition(-scores, k - 1, axis=1)[:, k - 1]
         kth[start : start + len(block)] = -part
     return kth
@@ -161,7 +166,7 @@ class _Sample:
 
     def recall(self, graph: HNSWIndex, fetch: int, *, threads: int) -> float:
         """Mean recall@10 of the graph (with re-scoring of ``fetch`` candidates)."""
-        found = graph.search_many(self.matrix[self.rows], fetch + 1, threads=threads)
+        found = graph.search_many(self.matrix[self.rows], fetch, threads=threads)
         hits = 0
         total = 0
         for i, row in enumerate(self.rows):
@@ -170,10 +175,9 @@ class _Sample:
             pos = pos[
                 (pos < len(self.ids)) & (self.ids[np.minimum(pos, len(self.ids) - 1)] == cand)
             ]
-            pos = pos[pos != row][:fetch]
-            exact = self.matrix[pos] @ self.matrix[row]
+            exact = self.matrix[pos[:fetch]] @ self.matrix[row]
             top = np.sort(exact)[::-1][:K]
-            want = min(K, len(self.ids) - 1)
+            want = min(K, len(self.ids) - len(self.rows))
             hits += int(np.sum(top >= self.kth[i] - 1e-6))
             total += want
         return hits / total if total else 1.0
@@ -219,8 +223,10 @@ def tune(
     started = time.perf_counter()
     n = len(ids)
     rng = np.random.default_rng(0)
-    rows = np.sort(rng.choice(n, size=min(settings.sample, n), replace=False)).astype(np.int64)
-    exact_p50, _ = measure_exact_ms(matrix, matrix[rows])
+    # Held out: at most a fifth of the collection, so the graph measured is nearly the real one.
+    size = min(settings.sample, n // 5)
+    rows = np.sort(rng.choice(n, size=size, replace=False)).astype(np.int64)
+    exact_p50, _ = measure_exact_ms(matrix, matrix[rows] if size else matrix[:1])
     common: dict[str, Any] = {
         "items": n,
         "exact_p50_ms": exact_p50,
@@ -233,6 +239,27 @@ def tune(
             tuning_s=time.perf_counter() - started,
             **common,
         ), None
+    if size < MIN_SAMPLE:  # too few vectors to measure anything: the cheapest graph
+        connectivity, expansion_add = fixed or settings.ladder[0]
+        graph = HNSWIndex.build(
+            ids,
+            matrix,
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+            expansion_search=fixed_expansion_search or 64,
+            dtype=settings.dtype,
+            threads=threads,
+        )
+        return SearchPlan(
+            kind="hnsw",
+            reason=f"{n} vectors: too few to measure; the cheapest graph",
+            dtype=settings.dtype,
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+            expansion_search=graph.expansion_search,
+            tuning_s=time.perf_counter() - started,
+            **common,
+        ), graph
     sample = _Sample(matrix=matrix, ids=ids, rows=rows, kth=_truth(matrix, rows))
     ladder = (fixed,) if fixed else settings.ladder
     fetch = settings.fetch(K, settings.dtype)
@@ -244,9 +271,10 @@ def tune(
             steps.append({"connectivity": connectivity, "skipped": "predicted build too long"})
             break
         t0 = time.perf_counter()
-        graph = HNSWIndex.build(
+        graph = _build_without(
             ids,
             matrix,
+            rows,
             connectivity=connectivity,
             expansion_add=expansion_add,
             dtype=settings.dtype,
@@ -283,6 +311,7 @@ def tune(
             if p50 > exact_p50 and not force_graph:
                 break  # a wider search only costs more
         if chosen is not None and (force_graph or chosen["p50_ms"] < exact_p50):
+            graph.add(ids[rows], matrix[rows], threads=threads)  # the held-out rows join
             return _graph_plan(
                 common, settings, step, chosen, graph, steps, started, "reaches the target"
             ), graph
@@ -292,6 +321,7 @@ def tune(
             break
     if force_graph and best is not None:
         _, _, point, graph = best
+        graph.add(ids[rows], matrix[rows], threads=threads)
         step = next(s for s in steps if s.get("connectivity") == point["connectivity"])
         return _graph_plan(
             common, settings, step, point, graph, steps, started, "best found (target missed)"
@@ -307,6 +337,47 @@ def tune(
         steps=steps,
         **common,
     ), None
+
+
+def _build_without(
+    ids: npt.NDArray[np.int64],
+    matrix: npt.NDArray[np.float32],
+    rows: npt.NDArray[np.int64],
+    *,
+    progress: Callable[[int, int], object] | None,
+    **graph: Any,
+) -> HNSWIndex:
+    """A graph of every row but the sorted held-out ``rows``, added segment by segment
+    between them (no copy of the matrix)."""
+    first = HNSWIndex.build(ids[:0], matrix[:0], **graph)
+    bounds = [-1, *rows.tolist(), len(ids)]
+    done = 0
+    total = len(ids) - len(rows)
+    for a, b in itertools.pairwise(bounds):
+        if b - a <= 1:
+            continue
+        first.add(
+            ids[a + 1 : b],
+            matrix[a + 1 : b],
+            threads=graph["threads"],
+            progress=_offset(progress, done, total),
+        )
+        done += b - a - 1
+    return first
+
+
+def _offset(
+    progress: Callable[[int, int], object] | None, offset: int, total: int
+) -> Callable[[int, int], object] | None:
+    """``progress`` for one segment of a build, counted from ``offset`` of ``total``."""
+    if progress is None:
+        return None
+    report = progress
+
+    def callback(done: int, _segment: int) -> object:
+        return report(offset + done, total)
+
+    return callback
 
 
 def _phase(
