@@ -155,6 +155,8 @@ class IndexStore:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self._meta_cache: dict[str, str] | None = None
+        self._meta_seen = -1
         if readonly and not self.path.is_file():
             raise SearchIndexError(
                 f"no index at {self.path}; build one with `themis-clip index DIR`"
@@ -213,17 +215,25 @@ class IndexStore:
             yield self._db
         except BaseException:
             self._db.execute("ROLLBACK")
+            self._meta_cache = None
             raise
         self._db.execute(
             "INSERT INTO meta(key, value) VALUES('write_version', '1') ON CONFLICT(key) "
             "DO UPDATE SET value = CAST(value AS INTEGER) + 1"
         )
         self._db.execute("COMMIT")
+        self._meta_cache = None  # this connection's own commits do not change data_version
 
     # -- meta ----------------------------------------------------------------------------------
 
     def meta(self) -> dict[str, str]:
-        return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        """The meta table, cached until a write here or elsewhere (SQLite's ``data_version``
+        changes when another connection commits): searches read it at no cost."""
+        (seen,) = self._db.execute("PRAGMA data_version").fetchone()
+        if self._meta_cache is None or seen != self._meta_seen:
+            self._meta_cache = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+            self._meta_seen = seen
+        return dict(self._meta_cache)
 
     def set_meta(self, values: Mapping[str, str | int]) -> None:
         with self.transaction() as db:
@@ -248,8 +258,7 @@ class IndexStore:
 
     @property
     def write_version(self) -> int:
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'write_version'").fetchone()
-        return int(row[0]) if row else 0
+        return int(self.meta().get("write_version", 0))
 
     # -- items ---------------------------------------------------------------------------------
 
