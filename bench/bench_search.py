@@ -280,6 +280,13 @@ def part_hnswlib(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -
 def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -> dict[str, Any]:
     import pgserver
 
+    other = os.environ.get("THEMIS_TEST_PG_BIN")  # another build, e.g. with pgvector 0.8
+    if other:
+        import pgserver._commands
+        import pgserver.postgres_server
+
+        pgserver._commands.POSTGRES_BIN_PATH = Path(other)
+        pgserver.postgres_server.POSTGRES_BIN_PATH = Path(other)
     with tempfile.TemporaryDirectory(prefix="pgb", dir="/tmp") as tmp:
         server = pgserver.get_server(tmp, cleanup_mode="stop")
         try:
@@ -325,6 +332,7 @@ def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) 
                         break
             return {
                 "part": "pgvector",
+                "pgvector": index.store.extension_version,  # type: ignore[attr-defined]
                 "insert_s": insert_s,
                 "build_s": build_s,
                 "plan": {k: v for k, v in plan.to_dict().items() if k != "steps"},

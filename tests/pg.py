@@ -1,10 +1,16 @@
 """A real PostgreSQL 16 server with pgvector (the ``pgserver`` wheel), started in a temporary
-directory for the test session; each test gets a database of its own."""
+directory for the test session; each test gets a database of its own.
+
+``THEMIS_TEST_PG_BIN=/path/to/bin`` runs the same tests on another build of the same
+PostgreSQL (for instance pgserver's binaries with a newer pgvector compiled into them, to test
+``halfvec``: ``make PG_CONFIG=$COPY/bin/pg_config install`` in pgvector's source)."""
 
 from __future__ import annotations
 
 import itertools
+import os
 import tempfile
+from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,6 +48,13 @@ class PgServer:
 @contextmanager
 def running_server() -> Iterator[PgServer]:
     pgserver = pytest.importorskip("pgserver")
+    other = os.environ.get("THEMIS_TEST_PG_BIN")
+    if other:  # pgserver looks its binaries up in these module globals at each call
+        import pgserver._commands
+        import pgserver.postgres_server
+
+        pgserver._commands.POSTGRES_BIN_PATH = Path(other)
+        pgserver.postgres_server.POSTGRES_BIN_PATH = Path(other)
     # A short path: the server's Unix socket lives there (sun_path holds 107 bytes).
     with tempfile.TemporaryDirectory(prefix="pg", dir="/tmp") as tmp:
         server = pgserver.get_server(tmp, cleanup_mode="stop")
