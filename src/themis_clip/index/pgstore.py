@@ -44,13 +44,8 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import (
-    decode_stored,
-    encode,
-    validate_filters,
-    validate_metadata,
-)
-from themis_clip.index.store import ItemRow, StoredItem
+from themis_clip.index.metadata import encode, validate_filters
+from themis_clip.index.rows import COLUMNS, ItemRow, StoredItem, checked, like_under, stored_item
 
 if TYPE_CHECKING:
     from themis_clip.index.tuning import GraphSettings
@@ -61,7 +56,6 @@ log = logging.getLogger(__name__)
 
 PG_SCHEMA_VERSION = 1
 _LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
-_COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
 _MAX_EF = 1000  # pgvector's largest hnsw.ef_search
 
 _MIGRATIONS: dict[int, list[str]] = {
@@ -361,15 +355,7 @@ class PgStore:
             return
         values = []
         for r in rows:
-            vec = np.ascontiguousarray(r.vector, dtype=np.float32)
-            if vec.shape != (dim,):
-                raise SearchIndexError(
-                    f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
-                )
-            if not np.all(np.isfinite(vec)):
-                raise SearchIndexError(f"item {r.key!r}: the vector has NaN or infinite values")
-            checked = validate_metadata(r.metadata, where=f"item {r.key!r}: metadata")
-            meta = encode(checked) if checked is not None else None
+            vec, meta = checked(r, dim)
             values.append(
                 (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, _doc(meta), r.thumbnail, vec)
             )
@@ -419,21 +405,20 @@ class PgStore:
     def _select(self, where: str, params: Sequence[Any]) -> list[Any]:
         with self._db() as db:
             # Constant SQL built here; every value is a bound parameter.
-            sql = f"SELECT {_COLUMNS} FROM themis_items WHERE {where}"  # noqa: S608
+            sql = f"SELECT {COLUMNS} FROM themis_items WHERE {where}"  # noqa: S608
             return list(db.execute(sql, params).fetchall())
 
     def get(self, key: str) -> StoredItem | None:
         rows = self._select("key = %s", (key,))
-        return _item(rows[0]) if rows else None
+        return stored_item(rows[0]) if rows else None
 
     def items_under(self, prefix: str) -> dict[str, StoredItem]:
         """Items whose path lies under the folder ``prefix`` (keyed by path)."""
-        like = prefix.rstrip("/").replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
-        rows = self._select("path LIKE %s", (like + "/%",))
-        return {r[2]: _item(r) for r in rows}
+        rows = self._select("path LIKE %s", (like_under(prefix),))
+        return {r[2]: stored_item(r) for r in rows}
 
     def by_sha256(self, digest: str) -> list[StoredItem]:
-        return [_item(r) for r in self._select("sha256 = %s", (digest,))]
+        return [stored_item(r) for r in self._select("sha256 = %s", (digest,))]
 
     def vector(self, key: str) -> npt.NDArray[np.float32] | None:
         with self._db() as db:
@@ -504,7 +489,7 @@ class PgStore:
         if not ids:
             return {}
         rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
-        return {int(r[0]): _item(r) for r in rows}
+        return {int(r[0]): stored_item(r) for r in rows}
 
     def _filter_sql(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
         """One term per key: ``doc`` contains the pair (the GIN index finds candidates) and the
@@ -592,6 +577,7 @@ class PgStore:
         filters: Mapping[str, Any] | None,
         *,
         expansion_search: int | None = None,
+        exact: bool = False,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """Top ``k`` ``(ids, cosine scores)``: pgvector's HNSW index without filters; with
         filters an exact scan of the matching rows (an HNSW scan filters after the fact and
@@ -609,10 +595,11 @@ class PgStore:
                 )
                 rows = db.execute(sql, [q, *params, q, k]).fetchall()
             else:
-                if k > _MAX_EF:  # more than an HNSW scan can return: scan exactly
+                exact = exact or k > _MAX_EF  # more than an HNSW scan can return: scan
+                if exact:
                     db.execute("SET LOCAL enable_indexscan = off")
                 db.execute(f"SET LOCAL hnsw.ef_search = {min(max(k, ef), _MAX_EF)}")
-                if k <= _MAX_EF and self.halfvec and self._hnsw_index(db):
+                if not exact and self.halfvec and self._hnsw_index(db):
                     rows = self._nearest_halfvec(db, q, k, ef)
                 else:
                     rows = db.execute(
@@ -693,15 +680,7 @@ class PgStore:
         self, query: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """Top ``k`` by a full scan (the HNSW index switched off): the ground truth."""
-        with self._db() as db, db.transaction():
-            db.execute("SET LOCAL enable_indexscan = off")
-            rows = db.execute(
-                "SELECT id, 1 - (embedding <=> %s) FROM themis_items "
-                "ORDER BY embedding <=> %s LIMIT %s",
-                (query, query, k),
-            ).fetchall()
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        return ids, np.fromiter((r[1] for r in rows), dtype=np.float32, count=len(rows))
+        return self.nearest(query, k, None, exact=True)
 
     def hnsw_bytes(self) -> int:
         """The size of pgvector's HNSW index (0 before :meth:`prepare` built it)."""
@@ -724,11 +703,10 @@ class PgStore:
                 )
 
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
-        like = prefix.rstrip("/").replace("\\", "\\\\").replace("%", r"\%").replace("_", r"\_")
         with self._db() as db:
             rows = db.execute(
                 "SELECT path, size, mtime_ns, error FROM themis_failures WHERE path LIKE %s",
-                (like + "/%",),
+                (like_under(prefix),),
             ).fetchall()
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
@@ -748,15 +726,3 @@ def _np(value: Any) -> npt.NDArray[np.float32]:
     """A pgvector value (its adapter's ``Vector``) as a float32 array."""
     array = value.to_numpy() if hasattr(value, "to_numpy") else value
     return np.asarray(array, dtype=np.float32)
-
-
-def _item(row: Sequence[Any]) -> StoredItem:
-    return StoredItem(
-        id=int(row[0]),
-        key=row[1],
-        path=row[2],
-        size=row[3],
-        mtime_ns=row[4],
-        sha256=row[5],
-        metadata=decode_stored(row[6], key=row[1]),
-    )

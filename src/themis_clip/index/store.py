@@ -30,7 +30,6 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +37,14 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import (
-    decode_stored,
-    encode,
-    repair,
-    validate_filters,
-    validate_metadata,
+from themis_clip.index.metadata import encode, repair, validate_filters
+from themis_clip.index.rows import (
+    COLUMNS,
+    ItemRow,
+    StoredItem,
+    checked,
+    like_under,
+    stored_item,
 )
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ log = logging.getLogger(__name__)
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
 SCHEMA_VERSION = 4
-_COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
 # One filter term, constant SQL: the key and the value (three times) are bound parameters.
 # JSON equality: the same kind (1 and 1.0 are one number, true is not 1) and the same value.
 _FILTER_CLAUSE = """EXISTS (SELECT 1 FROM json_each(items.metadata) AS e WHERE e.key = ?
@@ -113,31 +113,6 @@ _MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     # before it cannot tell what changed since, so it is dropped (rebuilt once).
     4: [_track_changes],
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ItemRow:
-    """One item to store."""
-
-    key: str
-    vector: npt.NDArray[np.float32]
-    path: str | None = None
-    size: int | None = None
-    mtime_ns: int | None = None
-    sha256: str | None = None
-    metadata: Mapping[str, Any] | None = None
-    thumbnail: bytes | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoredItem:
-    id: int
-    key: str
-    path: str | None
-    size: int | None
-    mtime_ns: int | None
-    sha256: str | None
-    metadata: dict[str, Any] | None
 
 
 class IndexStore:
@@ -268,15 +243,7 @@ class IndexStore:
             return
         values = []
         for r in rows:
-            vec = np.ascontiguousarray(r.vector, dtype="<f4")
-            if vec.shape != (dim,):
-                raise SearchIndexError(
-                    f"item {r.key!r}: vector shape {vec.shape}, index dimension {dim}"
-                )
-            if not np.all(np.isfinite(vec)):
-                raise SearchIndexError(f"item {r.key!r}: the vector has NaN or infinite values")
-            checked = validate_metadata(r.metadata, where=f"item {r.key!r}: metadata")
-            meta = encode(checked) if checked is not None else None
+            vec, meta = checked(r, dim)
             values.append(
                 (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, vec.tobytes(), r.thumbnail)
             )
@@ -321,21 +288,20 @@ class IndexStore:
 
     def _select(self, where: str, params: Sequence[Any]) -> sqlite3.Cursor:
         # Constant SQL built here; every value is a bound parameter.
-        return self._db.execute(f"SELECT {_COLUMNS} FROM items WHERE {where}", params)  # noqa: S608
+        return self._db.execute(f"SELECT {COLUMNS} FROM items WHERE {where}", params)  # noqa: S608
 
     def get(self, key: str) -> StoredItem | None:
         row = self._select("key = ?", (key,)).fetchone()
-        return _item(row) if row else None
+        return stored_item(row) if row else None
 
     def items_under(self, prefix: str) -> dict[str, StoredItem]:
         """Items whose path lies under the folder ``prefix`` (keyed by path)."""
-        like = prefix.rstrip("/").replace("%", r"\%").replace("_", r"\_") + "/%"
-        rows = self._select("path LIKE ? ESCAPE '\\'", (like,)).fetchall()
-        return {r[2]: _item(r) for r in rows}
+        rows = self._select("path LIKE ? ESCAPE '\\'", (like_under(prefix),)).fetchall()
+        return {r[2]: stored_item(r) for r in rows}
 
     def by_sha256(self, digest: str) -> list[StoredItem]:
         rows = self._select("sha256 = ?", (digest,)).fetchall()
-        return [_item(r) for r in rows]
+        return [stored_item(r) for r in rows]
 
     def vector(self, key: str) -> npt.NDArray[np.float32] | None:
         row = self._db.execute("SELECT vector FROM items WHERE key = ?", (key,)).fetchone()
@@ -390,7 +356,7 @@ class IndexStore:
             return {}
         marks = ",".join("?" * len(ids))
         rows = self._select(f"id IN ({marks})", [int(i) for i in ids]).fetchall()
-        return {r[0]: _item(r) for r in rows}
+        return {r[0]: stored_item(r) for r in rows}
 
     def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
         """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality).
@@ -461,10 +427,9 @@ class IndexStore:
                 )
 
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
-        like = prefix.rstrip("/").replace("%", r"\%").replace("_", r"\_") + "/%"
         rows = self._db.execute(
             "SELECT path, size, mtime_ns, error FROM failures WHERE path LIKE ? ESCAPE '\\'",
-            (like,),
+            (like_under(prefix),),
         ).fetchall()
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
@@ -496,15 +461,3 @@ def _json_scalar(value: Any, kind: str) -> Any:
     if kind == "false":
         return False
     return value
-
-
-def _item(row: Sequence[Any]) -> StoredItem:
-    return StoredItem(
-        id=row[0],
-        key=row[1],
-        path=row[2],
-        size=row[3],
-        mtime_ns=row[4],
-        sha256=row[5],
-        metadata=decode_stored(row[6], key=row[1]),
-    )
