@@ -108,18 +108,23 @@ def demo_embeddings(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.stack(out).astype(np.float32)
 
 
+def fill(index: VectorIndex, data: np.ndarray, batch: int) -> None:
+    """Every row of ``data`` as item ``str(row)``, ``batch`` rows per transaction."""
+    index.bind_model(ModelStamp(**STAMP_ARGS, dim=data.shape[1]))  # type: ignore[arg-type]
+    for start in range(0, len(data), batch):
+        index.store.upsert(
+            [
+                ItemRow(key=str(i), vector=data[i])
+                for i in range(start, min(start + batch, len(data)))
+            ],
+            dim=data.shape[1],
+        )
+
+
 def fill_sqlite(path: Path, data: np.ndarray) -> float:
     t0 = time.perf_counter()
     with VectorIndex(path) as index:
-        index.bind_model(ModelStamp(**STAMP_ARGS, dim=data.shape[1]))  # type: ignore[arg-type]
-        for start in range(0, len(data), 10_000):
-            index.store.upsert(
-                [
-                    ItemRow(key=str(i), vector=data[i])
-                    for i in range(start, min(start + 10_000, len(data)))
-                ],
-                dim=data.shape[1],
-            )
+        fill(index, data, 10_000)
     return time.perf_counter() - t0
 
 
@@ -294,15 +299,7 @@ def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) 
             url = f"postgresql://postgres:@/postgres?host={tmp}"
             t0 = time.perf_counter()
             with VectorIndex(url) as index:
-                index.bind_model(ModelStamp(**STAMP_ARGS, dim=data.shape[1]))  # type: ignore[arg-type]
-                for start in range(0, len(data), 5_000):
-                    index.store.upsert(
-                        [
-                            ItemRow(key=str(i), vector=data[i])
-                            for i in range(start, min(start + 5_000, len(data)))
-                        ],
-                        dim=data.shape[1],
-                    )
+                fill(index, data, 5_000)
                 insert_s = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 index.prepare_graph()  # CREATE INDEX ... USING hnsw, then ef_search measured
