@@ -333,6 +333,7 @@ def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) 
                 "insert_s": insert_s,
                 "build_s": build_s,
                 "plan": {k: v for k, v in plan.to_dict().items() if k != "steps"},
+                "steps": plan.steps,
                 "through_vector_index": r,
                 "sweep": sweep_points,
                 "hnsw_bytes_per_item": hnsw_bytes,

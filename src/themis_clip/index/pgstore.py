@@ -652,7 +652,10 @@ class PgStore:
                     if self.halfvec
                     else "embedding vector_cosine_ops"
                 )
-                db.execute("SET maintenance_work_mem = '1GB'")
+                # pgvector builds fast while the graph fits in memory: about the vectors plus
+                # 2m links of 8 bytes per item, with room; at least 1 GB, at most 8 GB.
+                need_mb = count * (4 * dim + 2 * 16 * 8 + 64) * 1.3 / 2**20
+                db.execute(f"SET maintenance_work_mem = '{int(min(max(need_mb, 1024), 8192))}MB'")
                 db.execute("SET max_parallel_maintenance_workers = 2")
                 db.execute(
                     f"CREATE INDEX IF NOT EXISTS themis_items_hnsw ON themis_items "
