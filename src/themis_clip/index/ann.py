@@ -5,8 +5,10 @@ holds vectors as f32, f16 or i8, and can *view* a saved index through a memory m
 opens cost no load time and no private memory). Its parameters are not fixed here: the
 self-tuner (:mod:`.tuning`) measures which ones a collection needs.
 
-The metric is cosine: the vectors are unit length, so it equals the inner product, and it is
-the metric usearch quantises correctly to i8 (its "ip" on i8 returns raw integer products).
+The vectors are unit length, so cosine and inner product agree: f32 and f16 graphs use "ip"
+(13 % faster than "cos" at f16, measured), i8 graphs "cos", the metric usearch quantises
+correctly to i8 (its "ip" on i8 returns raw integer products). Either way the distance is
+``1 - cosine``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class HNSWIndex:
             raise ValueError(f"graph vector type {dtype!r}: expected one of {', '.join(DTYPES)}")
         index = Index(
             ndim=vectors.shape[1],
-            metric="cos",
+            metric="cos" if dtype == "i8" else "ip",
             dtype=dtype,
             connectivity=connectivity,
             expansion_add=expansion_add,
@@ -148,9 +150,12 @@ class HNSWIndex:
         self, query: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """Top ``k`` ``(ids, approximate cosine scores)`` for one unit query, best first."""
-        matches = self._index.search(query.astype(np.float32), k)  # type: ignore[attr-defined]
+        # One query: one thread (a pool for one query only costs).
+        matches = self._index.search(  # type: ignore[attr-defined]
+            np.asarray(query, dtype=np.float32), k, threads=1
+        )
         keys = np.asarray(matches.keys, dtype=np.int64)
-        scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)  # cos distance = 1 - cos
+        scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)  # either metric: 1 - cosine
         return keys, scores
 
     def search_many(
