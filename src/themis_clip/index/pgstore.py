@@ -137,7 +137,7 @@ class PgStore:
         except BaseException:
             self._conn.close()
             raise
-        self._dim: int | None = None
+        self._writing = 0  # the write_version the open transaction commits as
         self._plan_cache: tuple[int, dict[str, Any] | None] = (-1, None)
 
     # -- connection ----------------------------------------------------------------------------

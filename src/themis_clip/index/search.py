@@ -310,8 +310,9 @@ class VectorIndex:
         """``"exact"``, ``"hnsw"`` (our graph) or ``"pgvector"``: how the next search runs."""
         if self.store.searches_itself:
             return self._searching.search_mode()
-        count = self.store.count()
-        if self.exact_threshold is not None and count <= self.exact_threshold:
+        # Counting rows is a scan: only the fixed-threshold rule needs it (every response
+        # reports the mode).
+        if self.exact_threshold is not None and self.store.count() <= self.exact_threshold:
             return "exact"
         if self._graph_is_current() or self._saved_tag_is_current():
             return "hnsw"

@@ -306,7 +306,8 @@ def tune(
             }
             step["sweep"].append(point)
             key = (recall, -p50)
-            if best is None or key > best[:2]:
+            # The best graph so far is kept only when one is forced (each holds the vectors).
+            if force_graph and (best is None or key > best[:2]):
                 best = (recall, -p50, {**point, "p99_ms": p99, **_of(step)}, graph)
             if p50 <= exact_p50 or force_graph:
                 closest = max(closest, recall)
