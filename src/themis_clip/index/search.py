@@ -393,8 +393,8 @@ class VectorIndex:
         return plan is None or not (plan.items / 2 <= count <= plan.items * 2)
 
     def _refresh(self, dim: int, *, build: bool = True) -> None:
+        self._collect_background(dim)  # may install (and save: a new version) a built graph
         version = self.store.write_version
-        self._collect_background(dim)
         if version == self._cache_version:
             return
         if self._cache_version >= 0 and self._catch_up(dim, version):
