@@ -74,8 +74,9 @@ def test_the_tuner_meets_the_target_on_clustered_data_with_the_cheapest_graph() 
 
 def test_the_tuner_keeps_exact_search_on_random_data_and_says_why() -> None:
     rng = np.random.default_rng(1)
-    data = unit_rows(rng.standard_normal((5_000, 256)).astype(np.float32))
-    plan, graph = tune(np.arange(5_000, dtype=np.int64), data, MEASURE)
+    # 20k random 512-d: exact ~2 ms; a graph needs a breadth near the whole set (~10x slower).
+    data = unit_rows(rng.standard_normal((20_000, 512)).astype(np.float32))
+    plan, graph = tune(np.arange(20_000, dtype=np.int64), data, MEASURE)
     assert plan.kind == "exact" and graph is None
     assert "faster than exact search" in plan.reason and plan.steps  # it measured, then gave up
 
