@@ -353,8 +353,13 @@ def main() -> None:
         "--parts", default="exact,f16,i8,f32,faiss-hnsw,faiss-ivfpq,hnswlib,pgvector"
     )
     parser.add_argument("--out", default="bench/search-results.jsonl")
+    parser.add_argument(
+        "--peer-target", type=float, default=TARGET, help="sweep the peers up to this recall"
+    )
     parser.add_argument("--workdir", default=None, help="where the SQLite index goes (tmp)")
     args = parser.parse_args()
+    global TARGET  # the sweeps' stopping point, one per run
+    TARGET = args.peer_target
     parts = args.parts.split(",")
     rng = np.random.default_rng(0)
     if args.data == "demo":
