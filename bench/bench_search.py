@@ -344,6 +344,7 @@ def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) 
 
 
 def main() -> None:
+    global TARGET  # the sweeps' stopping point, one per run
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", choices=["random", "clustered", "demo"], default="clustered")
     parser.add_argument("--n", type=int, default=100_000)
@@ -358,7 +359,6 @@ def main() -> None:
     )
     parser.add_argument("--workdir", default=None, help="where the SQLite index goes (tmp)")
     args = parser.parse_args()
-    global TARGET  # the sweeps' stopping point, one per run
     TARGET = args.peer_target
     parts = args.parts.split(",")
     rng = np.random.default_rng(0)
