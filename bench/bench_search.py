@@ -41,6 +41,8 @@ from themis_clip.index.store import ItemRow
 from themis_clip.index.tuning import GraphSettings
 
 TARGET = 0.98
+#: The graph peers' search breadths, swept cheapest first up to the target.
+PEER_EF = [16, 24, 32, 48, 64, 96, 128, 256, 512]
 STAMP_ARGS = {"model_id": "bench@0", "sha256": "0" * 64}
 
 
@@ -205,7 +207,7 @@ def part_faiss_hnsw(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]
     def set_ef(v: int) -> None:
         index.hnsw.efSearch = v
 
-    s = sweep("efSearch", set_ef, [16, 24, 32, 48, 64, 96, 128, 256, 512], search, queries, truth)
+    s = sweep("efSearch", set_ef, PEER_EF, search, queries, truth)
     return {
         "part": "faiss-hnsw",
         "M": 16,
@@ -271,7 +273,7 @@ def part_hnswlib(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -
     def search(q: np.ndarray) -> list[int]:
         return index.knn_query(q, k=10)[0][0].tolist()
 
-    s = sweep("ef", index.set_ef, [16, 24, 32, 48, 64, 96, 128, 256, 512], search, queries, truth)
+    s = sweep("ef", index.set_ef, PEER_EF, search, queries, truth)
     return {
         "part": "hnswlib",
         "M": 16,
