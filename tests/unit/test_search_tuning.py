@@ -212,8 +212,11 @@ def test_a_broad_filter_whose_matches_lie_far_away_is_still_complete(tmp_path: P
             dim=64,
         )
         assert index.prepare_graph() is True
-        q = near[0]  # its graph neighbourhood holds no match at all
-        hits = index.search(q, 10, {"far": True})
-        scores = data @ q
-        want = [i for i in np.argsort(-scores) if i >= 3_000][:10]
-        assert [int(h.key) for h in hits] == [int(i) for i in want]
+        found = 0
+        for q in near[::150]:  # their graph neighbourhoods hold no match at all
+            hits = index.search(q, 10, {"far": True})
+            got = [int(h.key) for h in hits]
+            assert len(got) == 10 and all(i >= 3_000 for i in got)  # complete
+            want = [i for i in np.argsort(-(data @ q)) if i >= 3_000][:10]
+            found += len(set(got) & {int(i) for i in want})
+        assert found / 200 >= 0.98  # and as accurate as a graph search is (approximate)

@@ -273,6 +273,9 @@ class VectorIndex:
         want = k
         if allowed is not None:  # a broad filter: widen the candidate list by its rarity
             want = int(k * max(1.0, 2 * len(ann) / max(1, len(allowed))))
+        # Matches found only at the edge of the beam are its least accurate part: ask for as
+        # many matching candidates as an unfiltered search re-scores, at least twice k.
+        enough = max(2 * k, self.settings.fetch(k, ann.dtype))
         while True:
             fetch = min(len(ann), self.settings.fetch(want, ann.dtype))
             ids, scores = ann.search(query, fetch)
@@ -280,9 +283,9 @@ class VectorIndex:
                 break
             keep = np.fromiter((int(i) in allowed for i in ids), dtype=bool, count=len(ids))
             ids, scores = ids[keep], scores[keep]
-            if len(ids) >= min(k, len(allowed)) or fetch >= len(ann):
+            if len(ids) >= min(enough, len(allowed)) or fetch >= len(ann):
                 break
-            want *= 4  # the matches lie further out: widen until k are found (or all seen)
+            want *= 4  # the matches lie further out: widen until enough are found (or all seen)
         if compact:
             return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
         return ids[:k], scores[:k]
