@@ -1,5 +1,5 @@
 """Search at scale: our self-tuned graph (each vector type) and exact numpy through the real
-``VectorIndex``, against faiss-cpu (HNSW, IVF-PQ) and hnswlib, and pgvector's HNSW through our
+``VectorIndex``, against faiss-cpu (HNSW over float32, fp16 and 8-bit vectors; IVF-PQ) and hnswlib, and pgvector's HNSW through our
 PostgreSQL store, on the same vectors in one run.
 
 ``--data clustered`` (default): vectors shaped like image embeddings (``bench/embedding_data.py``:
@@ -14,7 +14,7 @@ or the peer's serialized index) and, for ours, the store beside it.
 Each part appends one JSON line to ``--out`` as it finishes, so a long run keeps what it has.
 
 Run: .venv/bin/python bench/bench_search.py --data clustered --n 1000000 \\
-        --parts exact,f16,i8,faiss-hnsw,faiss-ivfpq,hnswlib,pgvector
+        --parts exact,f16,i8,faiss-hnsw,faiss-hnsw-sq8,faiss-hnsw-sq16,faiss-ivfpq,hnswlib,pgvector
 Peers: pip install faiss-cpu hnswlib (bench-only); pgvector uses the dev extra's pgserver.
 """
 
@@ -182,6 +182,14 @@ def part_ours(
             return (keys - 1).tolist()  # keys: 1-based ids in insertion order
 
         out["bare_graph"] = measure(bare, queries, truth)
+        # The same graph at the peers' breadths: latency at equal recall, without interpolating.
+        tuned_ef = ann.expansion_search
+
+        def set_ef(v: int) -> None:
+            ann.expansion_search = v
+
+        out["bare_sweep"] = sweep("expansion_search", set_ef, PEER_EF, bare, queries, truth)
+        ann.expansion_search = tuned_ef
     r = out["through_vector_index"]
     print(
         f"    through VectorIndex: recall {r['recall_at_10']:.4f} p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms"
@@ -210,6 +218,45 @@ def part_faiss_hnsw(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]
     s = sweep("efSearch", set_ef, PEER_EF, search, queries, truth)
     return {
         "part": "faiss-hnsw",
+        "M": 16,
+        "efConstruction": 64,
+        "build_s": build_s,
+        "bytes_per_item": size / len(data),
+        **s,
+    }
+
+
+def part_faiss_hnsw_sq(
+    bits: int, data: np.ndarray, queries: np.ndarray, truth: list[set[int]]
+) -> dict[str, Any]:
+    """faiss HNSW over scalar-quantised vectors (fp16 or 8-bit): the peer in our memory class,
+    its top ``10 x 3`` candidates re-scored from the float32 matrix as ours are."""
+    import faiss
+
+    faiss.omp_set_num_threads(os.cpu_count() or 2)
+    qtype = faiss.ScalarQuantizer.QT_fp16 if bits == 16 else faiss.ScalarQuantizer.QT_8bit
+    index = faiss.IndexHNSWSQ(data.shape[1], qtype, 16, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = 64
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(9)
+    index.train(data[rng.choice(len(data), size=min(len(data), 100_000), replace=False)])
+    index.add(data)
+    build_s = time.perf_counter() - t0
+    size = len(faiss.serialize_index(index))
+    faiss.omp_set_num_threads(1)
+    params = faiss.SearchParametersHNSW()
+
+    def search(q: np.ndarray) -> list[int]:
+        rows = index.search(q[None, :], 30, params=params)[1][0]
+        rows = rows[rows >= 0]
+        return rows[np.argsort(-(data[rows] @ q))[:10]].tolist()
+
+    def set_ef(v: int) -> None:
+        params.efSearch = v
+
+    s = sweep("efSearch", set_ef, PEER_EF, search, queries, truth)
+    return {
+        "part": f"faiss-hnsw-sq{bits}",
         "M": 16,
         "efConstruction": 64,
         "build_s": build_s,
@@ -353,7 +400,8 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument(
-        "--parts", default="exact,f16,i8,f32,faiss-hnsw,faiss-ivfpq,hnswlib,pgvector"
+        "--parts",
+        default="exact,f16,i8,f32,faiss-hnsw,faiss-hnsw-sq8,faiss-hnsw-sq16,faiss-ivfpq,hnswlib,pgvector",
     )
     parser.add_argument("--out", default="bench/search-results.jsonl")
     parser.add_argument(
@@ -397,6 +445,8 @@ def main() -> None:
                 result = part_ours(db, part, data, queries, truth)
             elif part == "faiss-hnsw":
                 result = part_faiss_hnsw(data, queries, truth)
+            elif part in ("faiss-hnsw-sq8", "faiss-hnsw-sq16"):
+                result = part_faiss_hnsw_sq(int(part[len("faiss-hnsw-sq") :]), data, queries, truth)
             elif part == "faiss-ivfpq":
                 result = part_faiss_ivfpq(data, queries, truth)
             elif part == "hnswlib":
@@ -405,7 +455,11 @@ def main() -> None:
                 result = part_pgvector(data, queries, truth)
             else:
                 raise SystemExit(f"unknown part {part}")
-            print(json.dumps({k: v for k, v in result.items() if k not in ("steps", "sweep")}))
+            print(
+                json.dumps(
+                    {k: v for k, v in result.items() if k not in ("steps", "sweep", "bare_sweep")}
+                )
+            )
             emit(result)
             gc.collect()
 

@@ -220,3 +220,27 @@ def test_a_broad_filter_whose_matches_lie_far_away_is_still_complete(tmp_path: P
             want = [i for i in np.argsort(-(data @ q)) if i >= 3_000][:10]
             found += len(set(got) & {int(i) for i in want})
         assert found / 200 >= 0.98  # and as accurate as a graph search is (approximate)
+
+
+def test_i8_graphs_rank_by_inner_product_and_score_roughly_as_cosines(tmp_path: Path) -> None:
+    data = clustered(np.random.default_rng(9), 5_000)
+    ids = np.arange(1, len(data) + 1, dtype=np.int64)
+    graph = HNSWIndex.build(ids, data, dtype="i8", expansion_search=64)
+    assert graph.metric == "ip"  # "cos" renormalises quantised vectors at every distance
+    found = 0
+    for row in range(0, 5_000, 100):
+        keys, scores = graph.search(data[row], 3)
+        found += int(keys[0]) == row + 1  # a member finds itself
+        true = data[keys - 1] @ data[row]
+        assert np.all(np.abs(scores - true) < 0.3)  # integer products scaled back by 127²
+    assert found >= 48
+    # An i8 graph saved on the "cos" metric (before) loads and scores as 1 - distance.
+    from usearch.index import Index
+
+    old = Index(ndim=64, metric="cos", dtype="i8")
+    old.add(ids.astype(np.uint64), data)
+    old.save(str(tmp_path / "old.usearch"))
+    loaded = HNSWIndex.open(tmp_path / "old.usearch", view=True)
+    assert loaded is not None and loaded.metric == "cos"
+    keys, scores = loaded.search(data[7], 3)
+    assert np.all(np.abs(scores - data[keys - 1] @ data[7]) < 0.1)

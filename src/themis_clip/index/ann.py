@@ -5,10 +5,13 @@ holds vectors as f32, f16 or i8, and can *view* a saved index through a memory m
 opens cost no load time and no private memory). Its parameters are not fixed here: the
 self-tuner (:mod:`.tuning`) measures which ones a collection needs.
 
-The vectors are unit length, so cosine and inner product agree: f32 and f16 graphs use "ip"
-(13 % faster than "cos" at f16, measured), i8 graphs "cos", the metric usearch quantises
-correctly to i8 (its "ip" on i8 returns raw integer products). Either way the distance is
-``1 - cosine``.
+The vectors are unit length, so cosine and inner product agree and every graph uses "ip": 13 %
+faster than "cos" at f16, and at i8 1.3-2x faster with higher recall after re-scoring (100k
+embedding-like vectors, measured): "cos" renormalises the quantised vectors at every distance.
+On f32/f16 the distance is ``1 - cosine``. On i8 it is ``1 - (integer product)`` of the
+components scaled by 127 (and truncated), so :meth:`HNSWIndex.search` divides by 127² and the
+score is a rough cosine; callers re-score compact graphs' candidates from float32 anyway.
+Graphs saved with "cos" (before this change) load and score as they were built.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ __all__ = ["DTYPES", "HNSWIndex"]
 #: Vector types the graph can hold: bytes per component 4, 2 and 1.
 DTYPES = ("f32", "f16", "i8")
 
+#: usearch stores an i8 component as the float times 127.
+I8_SCALE = 127.0
+
 
 class HNSWIndex:
     """Cosine HNSW over unit vectors, keyed by the store's integer ids."""
@@ -31,6 +37,8 @@ class HNSWIndex:
     def __init__(self, index: object, *, view: bool = False) -> None:
         self._index = index
         self.view = view  # a memory-mapped saved graph: searchable, not modifiable
+        integer_products = self.dtype == "i8" and self.metric == "ip"
+        self._product_scale = 1.0 / I8_SCALE**2 if integer_products else 1.0
 
     @classmethod
     def build(
@@ -55,7 +63,7 @@ class HNSWIndex:
             raise ValueError(f"graph vector type {dtype!r}: expected one of {', '.join(DTYPES)}")
         index = Index(
             ndim=vectors.shape[1],
-            metric="cos" if dtype == "i8" else "ip",
+            metric="ip",
             dtype=dtype,
             connectivity=connectivity,
             expansion_add=expansion_add,
@@ -93,6 +101,12 @@ class HNSWIndex:
     @property
     def dtype(self) -> str:
         return str(self._index.dtype).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]
+
+    @property
+    def metric(self) -> str:
+        """``"ip"`` or ``"cos"`` (i8 graphs saved before every graph used "ip")."""
+        kind = str(self._index.metric_kind).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]
+        return "cos" if kind == "cos" else "ip"
 
     @property
     def connectivity(self) -> int:
@@ -155,8 +169,8 @@ class HNSWIndex:
             np.asarray(query, dtype=np.float32), k, threads=1
         )
         keys = np.asarray(matches.keys, dtype=np.int64)
-        scores = 1.0 - np.asarray(matches.distances, dtype=np.float32)  # either metric: 1 - cosine
-        return keys, scores
+        scores = (1.0 - np.asarray(matches.distances, dtype=np.float32)) * self._product_scale
+        return keys, scores.astype(np.float32)
 
     def search_many(
         self, queries: npt.NDArray[np.float32], k: int, *, threads: int = 0
