@@ -182,13 +182,13 @@ class SearchConfig:
         index: the index: an SQLite file (relative to the config file) or a
             ``postgresql://`` URL. ``--index`` overrides it.
         target_recall: recall@10 against exact search that the self-tuned graph must reach.
-        graph_dtype: vector type of the search graph, ``f16``, ``i8`` or ``f32`` (f16 and i8
-            candidates are re-scored exactly from the stored float32 vectors).
+        graph_dtype: vector type of the search graph, ``i8`` (default), ``f16`` or ``f32``
+            (i8 and f16 candidates are re-scored exactly from the stored float32 vectors).
     """
 
     index: str | None = None
     target_recall: float = 0.98
-    graph_dtype: str = "f16"
+    graph_dtype: str = "i8"
 
     def __post_init__(self) -> None:
         if not 0 < self.target_recall <= 1:
@@ -362,7 +362,7 @@ class PluginConfig:
         search = SearchConfig(
             index=index,
             target_recall=search_r.number("target_recall", 0.98),
-            graph_dtype=search_r.one_of("graph_dtype", ("f16", "i8", "f32"), "f16"),
+            graph_dtype=search_r.one_of("graph_dtype", ("f16", "i8", "f32"), "i8"),
         )
         search_r.finish()
         config = cls(

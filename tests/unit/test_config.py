@@ -173,7 +173,7 @@ FULL = {
     "drain_timeout_s": 2.5,
     "allow_embedding_space_change": False,
     "prepack_weights": True,
-    "search": {"index": "/idx.db", "target_recall": 0.95, "graph_dtype": "i8"},
+    "search": {"index": "/idx.db", "target_recall": 0.95, "graph_dtype": "f16"},
 }
 
 
@@ -214,7 +214,7 @@ def test_one_strict_json_rule_for_config_manifest_and_peers(tmp_path: Path) -> N
 def test_search_section_takes_a_url_or_a_path_relative_to_the_file(tmp_path: Path) -> None:
     url = "postgresql://u@db/photos"
     config = PluginConfig.from_dict({"model": {"path": "/m"}, "search": {"index": url}})
-    assert config.search.index == url and config.search.graph_dtype == "f16"
+    assert config.search.index == url and config.search.graph_dtype == "i8"
     (tmp_path / "c.json").write_text(
         json.dumps({"model": {"path": "/m"}, "search": {"index": "i.db"}})
     )

@@ -55,7 +55,7 @@ def index_args(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_INDE
         "--target-recall", type=float, help="recall@10 the search graph must reach (0.98)"
     )
     p.add_argument(
-        "--graph-dtype", choices=["f16", "i8", "f32"], help="search graph vector type (f16)"
+        "--graph-dtype", choices=["f16", "i8", "f32"], help="search graph vector type (i8)"
     )
 
 

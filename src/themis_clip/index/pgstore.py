@@ -138,7 +138,7 @@ class PgStore:
             self._conn.close()
             raise
         self._writing = 0  # the write_version the open transaction commits as
-        self._plan_cache: tuple[int, dict[str, Any] | None] = (-1, None)
+        self._plan_cache: tuple[str | None, dict[str, Any] | None] = ("", None)
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -315,17 +315,6 @@ class PgStore:
                 )
             if "dim" in values:
                 self._set_dimension(db, int(values["dim"]))
-
-    def tag_graph(self, version: int) -> int:
-        """Same contract as the SQLite store's (this store keeps no graph file of its own)."""
-        with self.transaction() as db:
-            tag = self._writing if self._writing - 1 == version else version
-            db.execute(
-                "INSERT INTO themis_meta(key, value) VALUES('ann_version', %s) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (str(tag),),
-            )
-        return tag
 
     @property
     def write_version(self) -> int:
@@ -555,20 +544,25 @@ class PgStore:
         row = db.execute("SELECT to_regclass('themis_items_hnsw')").fetchone()
         return row[0] is not None
 
-    def _plan(self) -> dict[str, Any] | None:
-        version = self.write_version
+    def _search_state(self) -> tuple[dict[str, Any] | None, bool]:
+        """The measured plan and whether the HNSW index exists, in one round trip, parsed
+        again only when the write version moved (recording a plan or an index moves it)."""
+        with self._db() as db:
+            version, text, indexed = db.execute(
+                "SELECT (SELECT value FROM themis_meta WHERE key = 'write_version'), "
+                "(SELECT value FROM themis_meta WHERE key = 'search_plan'), "
+                "to_regclass('themis_items_hnsw') IS NOT NULL"
+            ).fetchone()
         if self._plan_cache[0] != version:
-            text = self.meta().get("search_plan")
             try:
                 plan = json.loads(text) if text else None
             except ValueError:
                 plan = None
             self._plan_cache = (version, plan if isinstance(plan, dict) else None)
-        return self._plan_cache[1]
+        return self._plan_cache[1], bool(indexed)
 
     def search_mode(self) -> str:
-        with self._db() as db:
-            return "pgvector" if self._hnsw_index(db) else "exact"
+        return "pgvector" if self._search_state()[1] else "exact"
 
     def nearest(
         self,
@@ -582,7 +576,7 @@ class PgStore:
         """Top ``k`` ``(ids, cosine scores)``: pgvector's HNSW index without filters; with
         filters an exact scan of the matching rows (an HNSW scan filters after the fact and
         could return fewer than ``k``)."""
-        plan = self._plan()
+        plan, indexed = self._search_state()
         ef = expansion_search or int((plan or {}).get("expansion_search") or 40)
         q = np.ascontiguousarray(query, dtype=np.float32)
         with self._db() as db, db.transaction():
@@ -598,9 +592,11 @@ class PgStore:
                 exact = exact or k > _MAX_EF  # more than an HNSW scan can return: scan
                 if exact:
                     db.execute("SET LOCAL enable_indexscan = off")
-                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(k, ef), _MAX_EF)}")
-                if not exact and self.halfvec and self._hnsw_index(db):
-                    rows = self._nearest_halfvec(db, q, k, ef)
+                halfvec = not exact and self.halfvec and indexed
+                fetch = max(3 * k, 40) if halfvec else k  # halfvec candidates are re-scored
+                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(fetch, ef), _MAX_EF)}")
+                if halfvec:
+                    rows = self._nearest_halfvec(db, q, k, fetch)
                 else:
                     rows = db.execute(
                         "SELECT id, 1 - (embedding <=> %s) FROM themis_items "
@@ -611,13 +607,12 @@ class PgStore:
         scores = np.fromiter((r[1] for r in rows), dtype=np.float32, count=len(rows))
         return ids, scores
 
-    def _nearest_halfvec(self, db: Any, q: Any, k: int, ef: int) -> list[Any]:
-        """f16 candidates from the halfvec index, re-scored exactly against ``embedding``."""
+    def _nearest_halfvec(self, db: Any, q: Any, k: int, fetch: int) -> list[Any]:
+        """``fetch`` f16 candidates from the halfvec index, re-scored exactly against
+        ``embedding`` (the caller has set ``hnsw.ef_search``)."""
         from pgvector import HalfVector
 
         dim = len(q)
-        fetch = max(3 * k, 40)
-        db.execute(f"SET LOCAL hnsw.ef_search = {min(max(ef, fetch), _MAX_EF)}")
         sql = (
             "SELECT id, 1 - (embedding <=> %s) AS score FROM (SELECT id, embedding "  # noqa: S608
             f"FROM themis_items ORDER BY embedding::halfvec({dim}) <=> %s::halfvec({dim}) "

@@ -9,7 +9,7 @@ over the collection costs more than ``exact_fast_ms``, the tuner builds graphs f
 costly until one reaches the target recall@10 faster than exact search, or keeps exact search
 when none does (random-like data). The plan it measured is kept in the index's metadata and
 reported by :meth:`VectorIndex.stats`; it is measured again when the collection has doubled
-or halved since. Graphs hold f16 (default) or i8 vectors; their top candidates are re-scored
+or halved since. Graphs hold i8 (default) or f16 vectors; their top candidates are re-scored
 exactly with the stored float32 vectors.
 
 Writes do not throw the graph (or the exact matrix) away: the store records which rows each
@@ -45,7 +45,7 @@ import numpy.typing as npt
 from themis_clip.errors import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.metadata import validate_filters
-from themis_clip.index.stores import SearchingStore, Store, is_url, open_store
+from themis_clip.index.stores import GraphFileStore, SearchingStore, Store, is_url, open_store
 from themis_clip.index.tuning import GraphSettings, SearchPlan, measure_exact_ms, rescore, tune
 from themis_clip.vocabulary import ModelIdentity
 
@@ -199,6 +199,11 @@ class VectorIndex:
     @property
     def _searching(self) -> SearchingStore:
         return self.store  # type: ignore[return-value]  # searches_itself says it is one
+
+    @property
+    def _graph_file_store(self) -> GraphFileStore:
+        assert self._ann_path is not None  # a file store: only those keep a graph file beside
+        return self.store  # type: ignore[return-value]
 
     # -- search --------------------------------------------------------------------------------
 
@@ -567,7 +572,7 @@ class VectorIndex:
         assert self._ann_path is not None
         graph.save(self._ann_path)
         # The tag records the version the graph matches (writing it is a version of its own).
-        tag = self.store.tag_graph(self._cache_version)
+        tag = self._graph_file_store.tag_graph(self._cache_version)
         if tag > self._cache_version:
             self._cache_version = tag
         self._dirty = False
