@@ -5,9 +5,10 @@ holds vectors as f32, f16 or i8, and can *view* a saved index through a memory m
 opens cost no load time and no private memory). Its parameters are not fixed here: the
 self-tuner (:mod:`.tuning`) measures which ones a collection needs.
 
-The vectors are unit length, so cosine and inner product agree and every graph uses "ip": 13 %
-faster than "cos" at f16, and at i8 1.3-2x faster with higher recall after re-scoring (100k
-embedding-like vectors, measured): "cos" renormalises the quantised vectors at every distance.
+The vectors are unit length, so cosine and inner product agree and every graph uses "ip": faster
+than "cos" at f16, and at i8 faster in three of four runs (0.9-2.1x), with equal or higher
+recall after re-scoring and a 25-40 % faster build (100k embedding-like vectors; bench/RESULTS.md):
+"cos" renormalises the quantised vectors at every distance.
 On f32/f16 the distance is ``1 - cosine``. On i8 it is ``1 - (integer product)`` of the
 components scaled by 127 (and truncated), so :meth:`HNSWIndex.search` divides by 127² and the
 score is a rough cosine; callers re-score compact graphs' candidates from float32 anyway.
