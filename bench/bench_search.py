@@ -41,8 +41,10 @@ from themis_clip.index.store import ItemRow
 from themis_clip.index.tuning import GraphSettings
 
 TARGET = 0.98
+#: The graph peers' construction breadth (efConstruction), one per run.
+PEER_EFC = 64
 #: The graph peers' search breadths, swept cheapest first up to the target.
-PEER_EF = [16, 24, 32, 48, 64, 96, 128, 256, 512]
+PEER_EF = [16, 24, 32, 48, 64, 96, 128, 256, 384, 512]
 STAMP_ARGS = {"model_id": "bench@0", "sha256": "0" * 64}
 
 
@@ -202,7 +204,7 @@ def part_faiss_hnsw(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]
 
     faiss.omp_set_num_threads(os.cpu_count() or 2)
     index = faiss.IndexHNSWFlat(data.shape[1], 16, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = 64
+    index.hnsw.efConstruction = PEER_EFC
     t0 = time.perf_counter()
     index.add(data)
     build_s = time.perf_counter() - t0
@@ -219,7 +221,7 @@ def part_faiss_hnsw(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]
     return {
         "part": "faiss-hnsw",
         "M": 16,
-        "efConstruction": 64,
+        "efConstruction": PEER_EFC,
         "build_s": build_s,
         "bytes_per_item": size / len(data),
         **s,
@@ -236,7 +238,7 @@ def part_faiss_hnsw_sq(
     faiss.omp_set_num_threads(os.cpu_count() or 2)
     qtype = faiss.ScalarQuantizer.QT_fp16 if bits == 16 else faiss.ScalarQuantizer.QT_8bit
     index = faiss.IndexHNSWSQ(data.shape[1], qtype, 16, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efConstruction = 64
+    index.hnsw.efConstruction = PEER_EFC
     t0 = time.perf_counter()
     rng = np.random.default_rng(9)
     index.train(data[rng.choice(len(data), size=min(len(data), 100_000), replace=False)])
@@ -258,7 +260,7 @@ def part_faiss_hnsw_sq(
     return {
         "part": f"faiss-hnsw-sq{bits}",
         "M": 16,
-        "efConstruction": 64,
+        "efConstruction": PEER_EFC,
         "build_s": build_s,
         "bytes_per_item": size / len(data),
         **s,
@@ -308,7 +310,7 @@ def part_hnswlib(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -
     import hnswlib
 
     index = hnswlib.Index(space="ip", dim=data.shape[1])
-    index.init_index(max_elements=len(data), M=16, ef_construction=64)
+    index.init_index(max_elements=len(data), M=16, ef_construction=PEER_EFC)
     t0 = time.perf_counter()
     index.add_items(data, np.arange(len(data)), num_threads=os.cpu_count() or 2)
     build_s = time.perf_counter() - t0
@@ -324,7 +326,7 @@ def part_hnswlib(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -
     return {
         "part": "hnswlib",
         "M": 16,
-        "ef_construction": 64,
+        "ef_construction": PEER_EFC,
         "build_s": build_s,
         "bytes_per_item": size / len(data),
         **s,
@@ -393,7 +395,7 @@ def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) 
 
 
 def main() -> None:
-    global TARGET  # the sweeps' stopping point, one per run
+    global TARGET, PEER_EFC  # the sweeps' stopping point and the peers' build, one per run
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", choices=["random", "clustered", "demo"], default="clustered")
     parser.add_argument("--n", type=int, default=100_000)
@@ -407,9 +409,13 @@ def main() -> None:
     parser.add_argument(
         "--peer-target", type=float, default=TARGET, help="sweep the peers up to this recall"
     )
+    parser.add_argument(
+        "--peer-ef-construction", type=int, default=PEER_EFC, help="the graph peers' build breadth"
+    )
     parser.add_argument("--workdir", default=None, help="where the SQLite index goes (tmp)")
     args = parser.parse_args()
     TARGET = args.peer_target
+    PEER_EFC = args.peer_ef_construction
     parts = args.parts.split(",")
     rng = np.random.default_rng(0)
     if args.data == "demo":
