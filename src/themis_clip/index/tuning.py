@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.index.ann import DTYPES, HNSWIndex
+from themis_clip.index.ann import DTYPES, HNSWIndex, choose_i8_stretch
 
 __all__ = ["GraphSettings", "SearchPlan", "measure_exact_ms", "rescore", "tune"]
 
@@ -291,6 +291,8 @@ def tune(
             "build_s": round(previous_build, 2),
             "sweep": [],
         }
+        if graph.i8_stretch is not None:
+            step["i8_stretch"] = graph.i8_stretch
         steps.append(step)
         chosen: dict[str, Any] | None = None
         closest = 0.0
@@ -360,7 +362,8 @@ def _build_without(
 ) -> HNSWIndex:
     """A graph of every row but the sorted held-out ``rows``, added segment by segment
     between them (no copy of the matrix)."""
-    first = HNSWIndex.build(ids[:0], matrix[:0], **graph)
+    # The i8 scale from the whole matrix, not from the first segment's few rows.
+    first = HNSWIndex.build(ids[:0], matrix[:0], i8_stretch=choose_i8_stretch(matrix), **graph)
     bounds = [-1, *rows.tolist(), len(ids)]
     done = 0
     total = len(ids) - len(rows)
