@@ -27,6 +27,7 @@ graphs saved with "cos" (before every graph used "ip") take floats and score as 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -175,11 +176,11 @@ class HNSWIndex:
     def __len__(self) -> int:
         return len(self._index)  # type: ignore[arg-type]
 
-    @property
-    def dtype(self) -> str:
+    @functools.cached_property
+    def dtype(self) -> str:  # fixed for a graph's life (cached: every search asks)
         return str(self._index.dtype).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]
 
-    @property
+    @functools.cached_property
     def metric(self) -> str:
         """``"ip"`` or ``"cos"`` (i8 graphs saved before every graph used "ip")."""
         kind = str(self._index.metric_kind).rsplit(".", 1)[-1].lower()  # type: ignore[attr-defined]

@@ -40,7 +40,9 @@ __all__ = ["GraphSettings", "SearchPlan", "measure_exact_ms", "rescore", "tune"]
 K = 10
 #: Fewer held-out queries than this measure nothing (collections under 50 vectors).
 MIN_SAMPLE = 10
-_EXPANSIONS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
+#: The breadths the tuner tries, in steps of ~1.25x where the usual targets land.
+_EXPANSIONS: tuple[int, ...] = (16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+_EXPANSIONS += (768, 1024, 1536, 2048, 4096)
 
 
 @dataclass(frozen=True, kw_only=True)
