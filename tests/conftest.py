@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import make_plugin
-from tests.pg import PgServer, running_server
+from tests.pg import BUILDS, PgServer, PgServers
 from themis_clip import OnnxClipPlugin
 from themis_clip.export.tiny import build_model_dir
 
@@ -46,10 +47,18 @@ def plugin(tiny_model_dir: Path) -> Iterator[OnnxClipPlugin]:
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    """One real PostgreSQL + pgvector server for the session (see ``tests/pg.py``)."""
-    with running_server() as server:
-        yield server
+def pg_servers() -> Iterator[PgServers]:
+    """Real PostgreSQL + pgvector servers, one per build in ``tests/pg.py``, started on demand
+    and stopped at the end of the session."""
+    with ExitStack() as stack:
+        yield PgServers(stack)
+
+
+@pytest.fixture(scope="session", params=list(BUILDS))
+def pg_server(request: pytest.FixtureRequest, pg_servers: PgServers) -> PgServer:
+    """A real server of each build in turn: every test that uses it runs on ``vector``
+    (pgvector 0.6) and on ``halfvec`` (0.8)."""
+    return pg_servers.get(request.param)
 
 
 @pytest.fixture

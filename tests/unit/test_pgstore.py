@@ -98,3 +98,37 @@ def test_prepare_builds_the_hnsw_index_and_measures_ef_search(pg_url: str) -> No
         assert index.prepare_graph() is False  # the index exists: only measured again
     with VectorIndex(pg_url, readonly=True) as ro:  # another process's view of the same plan
         assert ro.mode == "pgvector" and ro.search(data[3], 1)[0].key == "3"
+
+
+def test_the_hnsw_index_holds_halfvec_where_pgvector_has_it_and_scores_stay_exact(
+    pg_url: str,
+) -> None:
+    import psycopg
+
+    rng = np.random.default_rng(1)
+    both = clustered(rng, 2_050)
+    data, queries = both[:2_000], both[2_000:]
+    with VectorIndex(pg_url) as index:
+        index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=64))
+        index.store.upsert([ItemRow(key=str(i), vector=data[i]) for i in range(2_000)], dim=64)
+        assert index.prepare_graph() is True
+        halfvec = index.store.halfvec
+        for q in queries:
+            hits = index.search(q, 10)
+            exact = data[[int(h.key) for h in hits]] @ q
+            # halfvec candidates are re-scored from the float32 column: exact cosines.
+            assert np.allclose([h.score for h in hits], exact, atol=1e-5)
+    with psycopg.connect(pg_url) as conn:
+        (definition,) = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = 'themis_items_hnsw'"
+        ).fetchone() or ("",)
+        assert ("halfvec_cosine_ops" in definition) is halfvec
+        assert ("vector_cosine_ops" in definition) is not halfvec
+        if halfvec:  # the query the store runs is answered by that index
+            conn.execute("SET enable_seqscan = off")
+            plan = conn.execute(
+                "EXPLAIN SELECT id FROM themis_items ORDER BY embedding::halfvec(64) <=> "
+                "%s::halfvec(64) LIMIT 30",
+                (str(queries[0].tolist()),),
+            ).fetchall()
+            assert "themis_items_hnsw" in " ".join(r[0] for r in plan)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.pg import PgServer
+from tests.pg import BUILDS, PgServers
 from tests.unit.test_index import STAMP, FakeEmbedder, unit, write_png
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.indexer import index_folder
@@ -21,11 +21,12 @@ from themis_clip.index.stores import open_store
 DIM = 16
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", *(f"postgresql, {build}" for build in BUILDS)])
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "i.db")
-    server: PgServer = request.getfixturevalue("pg_server")
+    servers: PgServers = request.getfixturevalue("pg_servers")
+    server = servers.get(request.param.split(", ", 1)[1])
     return server.url(server.new_database())
 
 
