@@ -12,11 +12,12 @@ recall after re-scoring and a 25-40 % faster build (100k embedding-like vectors;
 On f32/f16 the distance is ``1 - cosine``. On i8 it is ``1 - (integer product)``.
 
 i8 codes are made here, not by usearch. usearch would scale a unit vector's components by 127
-and truncate, but a 512-d embedding's components are ~0.04: four or five levels of 255, and the
-quantisation noise then ranks neighbours wrongly (recall@10 0.975 at breadth 256 on 1M
-embedding-like vectors). This module stretches them first: ``round(x * 127 * scale)``, clipped to
-±127, with ``scale`` the largest power of √2 that clips at most one vector in a thousand, and
-only its largest component (4 on that data: 0.982 at 256, as hnswlib on float32; bench/RESULTS.md).
+and truncate, but a 512-d embedding's components are ~0.04 (times 127: about ±5 of the 255
+levels), and the quantisation noise then misranks close neighbours (recall@10 0.975 at breadth
+256 on 1M embedding-like vectors). This module stretches them first: ``round(x * 127 * scale)``,
+clipped to ±127, with ``scale`` the largest power of √2 that clips at most one vector in a
+thousand, and only its largest component. On that data the scale is 4 and recall at 256 is
+0.980-0.982, as hnswlib's on float32 (bench/RESULTS.md, run G).
 Every vector and query of one graph uses the same scale, so the ranking is the integer product's;
 :meth:`HNSWIndex.search` divides by (127 · scale)² and the score is a rough cosine (callers
 re-score compact graphs' candidates from float32 anyway). The scale is not stored beside the
