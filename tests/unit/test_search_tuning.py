@@ -298,3 +298,17 @@ def test_an_i8_stretch_ignores_rare_outliers_and_reads_back_usearch_s_own_codes(
     assert graph is not None and graph.i8_stretch == 1.0
     keys, scores = graph.search(data[5], 1)
     assert int(keys[0]) == 6 and abs(float(scores[0]) - 1.0) < 0.1
+
+
+def test_the_tuner_takes_the_i8_stretch_from_the_whole_collection() -> None:
+    from themis_clip.index.ann import choose_i8_stretch
+
+    data = clustered(np.random.default_rng(6), 20_000)
+    data[:10] = 0.0
+    data[:10, 0] = 1.0  # ten spiky vectors, all in the graph's first segment
+    ids = np.arange(1, len(data) + 1, dtype=np.int64)
+    plan, graph = tune(ids, data, GraphSettings(dtype="i8", exact_fast_ms=0.0), threads=2)
+    assert graph is not None and plan.steps
+    # One in 2,000 is too few to set the scale; in that first segment alone they would.
+    assert graph.i8_stretch == choose_i8_stretch(data) > 1.0
+    assert all(step.get("i8_stretch") == graph.i8_stretch for step in plan.steps)
