@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -273,3 +274,28 @@ def test_configuration_example_parses() -> None:
     config = PluginConfig.from_json(text)
     assert config.model.embedding_dim == 768
     assert config.search is not None and config.search.index == "photos.db"
+
+
+# ---------------------------------------------------------------- the README's screenshot
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("chromium") is None and not os.environ.get("CI"),
+    reason="chromium not installed (CI installs it)",
+)
+def test_screenshot_script_shows_the_demo_gallery(tmp_path: Path) -> None:
+    out = tmp_path / "shot.png"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "screenshot.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    with Image.open(out) as shot:
+        assert shot.size == (1280, 860)
+        pixels = np.asarray(shot.convert("RGB")).reshape(-1, 3)
+    # Not a blank page: the thumbnails of coloured scenes make many distinct colours.
+    assert len(np.unique(pixels, axis=0)) > 100
+    assert (ROOT / "docs" / "search-page.png").is_file()
