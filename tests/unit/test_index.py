@@ -1,62 +1,20 @@
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
-from tests.helpers import photo_like
-from themis_clip import EmbeddingResult, IndexModelMismatchError, SearchIndexError
+from tests.fakes import DIM, STAMP, FakeEmbedder, unit, write_png
+from themis_clip import IndexModelMismatchError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.indexer import index_folder, walk_images
 from themis_clip.index.search import ModelStamp, VectorIndex, top_k
 from themis_clip.index.store import SCHEMA_VERSION, IndexStore, ItemRow
-
-DIM = 16
-STAMP = ModelStamp(model_id="fake@abc", sha256="ab" * 32, dim=DIM)
-
-
-def unit(seed: int | bytes) -> np.ndarray:
-    s = int.from_bytes(
-        hashlib.sha256(seed if isinstance(seed, bytes) else str(seed).encode()).digest()[:8],
-        "little",
-    )
-    v = np.random.default_rng(s).standard_normal(DIM).astype(np.float32)
-    return v / np.linalg.norm(v)
-
-
-class FakeEmbedder:
-    """Vectors derived from file bytes; non-images fail like the plugin does."""
-
-    def __init__(self, crash_after: int | None = None) -> None:
-        self.embedded: list[str] = []
-        self.crash_after = crash_after
-
-    def generate_embedding_batch(self, images: Sequence[object]) -> list[EmbeddingResult]:
-        if self.crash_after is not None and len(self.embedded) >= self.crash_after:
-            raise KeyboardInterrupt("simulated crash")
-        out = []
-        for item in images:
-            data = Path(str(item)).read_bytes()
-            self.embedded.append(str(item))
-            if not data.startswith((b"\x89PNG", b"\xff\xd8")):
-                out.append(EmbeddingResult(ok=False, error="not a recognised image format"))
-            else:
-                out.append(EmbeddingResult.success(unit(data), latency_ms=0.0, model_id="fake"))
-        return out
-
-
-def write_png(path: Path, seed: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(photo_like(20, 16, seed)).save(path)
-
 
 # -- store -------------------------------------------------------------------------------------
 

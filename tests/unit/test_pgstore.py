@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.fakes import clustered
 from tests.pg import PgServer
-from tests.unit.test_search_tuning import clustered
 from themis_clip import SearchIndexError
 from themis_clip.index.pgstore import PgStore, redact
 from themis_clip.index.search import ModelStamp, VectorIndex

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fakes import STAMP, FakeEmbedder, unit, write_png
 from tests.pg import BUILDS, PgServers
-from tests.unit.test_index import STAMP, FakeEmbedder, unit, write_png
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import ModelStamp, VectorIndex
