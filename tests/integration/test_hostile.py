@@ -79,7 +79,9 @@ def test_the_bomb_is_refused_without_decoding(plugin: OnnxClipPlugin) -> None:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     result = plugin.generate_embedding(CORPUS["png declaring 100000x100000"])
-    assert not result.ok and time.perf_counter() - t0 < 0.5
+    # The memory bound below is the proof; the time bound only says it returns (decoding 10^10
+    # pixels could not finish in 5 s), with slack a loaded 2-core machine cannot tip.
+    assert not result.ok and time.perf_counter() - t0 < 5
     assert (
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000
     )  # KiB: nothing allocated

@@ -253,18 +253,22 @@ def test_decompression_bomb_header_is_refused_fast() -> None:
         decode_image(png)
 
 
+@pytest.mark.slow
 def test_extreme_aspect_ratio_is_cheap_and_close_to_the_reference() -> None:
     import time
 
+    # Time bounds with slack a loaded 2-core machine cannot tip (each call takes a few ms; the
+    # speed itself is the benchmarks' business). The 1 x 100000 bound is the one that bites: the
+    # reference's path would build a 224 x 22,400,000 intermediate (5 GB) for it.
     strip = Image.fromarray(photo_like(3, 2000, 30))
     t0 = time.perf_counter()
     out = preprocess_image(strip)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 10
     ref = reference_clip_transform(strip)  # 224 x 149,333 intermediate: fine for the reference here
     assert np.abs(out - ref).max() < 2.5 / 255 / min(STD)  # within two 8-bit levels
     t0 = time.perf_counter()
     assert preprocess_image(Image.new("L", (1, 100_000), 128)).shape == (3, 224, 224)
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 10
 
 
 def test_fast_decode_uses_dct_scaling_for_large_jpegs_only() -> None:
