@@ -219,7 +219,8 @@ def test_folder_filter_example_works_on_a_folder_index(tmp_path: Path) -> None:
     for line in lines:
         done = run_shell(line + " --json", tmp_path)
         assert done.returncode == 0, f"{line}\n{done.stderr}"
-        assert "holidays" in done.stdout and "/work/" not in done.stdout, done.stdout
+        assert "photos/holidays/" in done.stdout, done.stdout
+        assert "photos/work/" not in done.stdout, done.stdout
 
 
 # ---------------------------------------------------------------- HTTP
