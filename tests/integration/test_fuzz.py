@@ -20,6 +20,9 @@ from PIL import Image
 from tests.helpers import photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
 
+# Thousands of examples per test: slow by nature (CI runs them; `-m "not slow"` skips them).
+pytestmark = pytest.mark.slow
+
 EXAMPLES = int(os.environ.get("THEMIS_FUZZ_EXAMPLES", "3000"))
 FUZZ = settings(
     max_examples=EXAMPLES,

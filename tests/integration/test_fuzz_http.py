@@ -23,6 +23,9 @@ from tests.helpers import encode, photo_like
 from themis_clip import PluginConfig
 from themis_clip.server import ServerSettings, create_app
 
+# Hundreds of requests per test: slow by nature (CI runs them; `-m "not slow"` skips them).
+pytestmark = pytest.mark.slow
+
 EXAMPLES = int(os.environ.get("THEMIS_HTTP_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
     max_examples=EXAMPLES,

@@ -161,6 +161,7 @@ def test_mm08_concurrent_identical(pair: tuple[OnnxClipPlugin, ...]) -> None:
         assert all(pool.map(worker, range(4)))
 
 
+@pytest.mark.slow
 def test_mm09_map_lives_exactly_as_long_as_the_session(
     model: Path, tiny_model_dir_b: Path, tmp_path: Path
 ) -> None:
@@ -184,6 +185,7 @@ def test_mm10_no_leaked_file_descriptors(model: Path) -> None:
     assert fd_count() == before
 
 
+@pytest.mark.slow
 def test_mm11_cache_reused_and_invalidated(model: Path) -> None:
     start(cfg(model, enable_mmap_loading=True)).shutdown()
     entries = {
@@ -204,6 +206,7 @@ def test_mm11_cache_reused_and_invalidated(model: Path) -> None:
     assert len(visual) == 2
 
 
+@pytest.mark.slow
 def test_mm11b_corrupt_cache_entry_is_rebuilt(model: Path) -> None:
     start(cfg(model, enable_mmap_loading=True)).shutdown()
     (entry,) = [e for e in (model / ".themis-mmap").iterdir() if e.name.startswith("visual")]
@@ -214,6 +217,7 @@ def test_mm11b_corrupt_cache_entry_is_rebuilt(model: Path) -> None:
     p.shutdown()
 
 
+@pytest.mark.slow
 def test_mm12_concurrent_requests_during_reloads_with_mmap(
     model: Path, tiny_model_dir_b: Path, tmp_path: Path
 ) -> None:

@@ -290,6 +290,7 @@ def test_fast_decode_uses_dct_scaling_for_large_jpegs_only() -> None:
         preprocess_image(png, decode_mode="turbo")
 
 
+@pytest.mark.slow
 def test_fast_mode_box_reduces_large_non_jpeg_images_first(monkeypatch: pytest.MonkeyPatch) -> None:
     png = encode(rgb(2400, 1800, 43), "PNG")  # 1800 / 224 = 8.0: reduce by 2, then bicubic
     exact = preprocess_image(png)
