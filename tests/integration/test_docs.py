@@ -300,3 +300,23 @@ def test_screenshot_script_shows_the_demo_gallery(tmp_path: Path) -> None:
     # Not a blank page: the thumbnails of coloured scenes make many distinct colours.
     assert len(np.unique(pixels, axis=0)) > 100
     assert (ROOT / "docs" / "search-page.png").is_file()
+
+
+# ---------------------------------------------------------------- the site
+
+
+@pytest.mark.slow
+def test_docs_site_builds_strictly(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: a broken link or anchor, a missing include or an API reference
+    that no longer resolves fails (CI runs the same command in ``.ci/run``)."""
+    pytest.importorskip("mkdocs")
+    done = subprocess.run(
+        [str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "index.html").is_file()
