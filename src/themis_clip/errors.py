@@ -53,6 +53,7 @@ __all__ = [
     "SearchIndexError",
     "TextInputError",
     "ThemisClipError",
+    "describe_error",
 ]
 
 
@@ -146,3 +147,10 @@ class ResourceBusyError(ThemisClipError):
 
 class InferenceError(ThemisClipError):
     """ONNX Runtime raised while running a session."""
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for logs and ``last_error``: our messages as they are, others with their type."""
+    if isinstance(exc, ThemisClipError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
