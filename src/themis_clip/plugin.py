@@ -18,16 +18,17 @@ Sessions are never closed under a running ``run`` call.
 The class is a facade over its parts: :mod:`.loading` (load a model), :mod:`.pipeline` (the
 embedding calls), :mod:`.zeroshot` (classify, rank, label cache), :mod:`.hotswap` (reload),
 :mod:`.info` (``PluginInfo`` and capabilities) and :mod:`.stats`.
+
+Size: past 500 lines only by its docstrings (about 150 lines: the seed's whole public surface,
+documented method by method); every method body is a short delegate to the parts above.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,7 +40,6 @@ from themis_clip.config import PluginConfig, PreprocessConfig
 from themis_clip.engine import ClipModel
 from themis_clip.errors import (
     ConfigError,
-    InferenceError,
     NotReadyError,
     describe_error,
 )
@@ -51,14 +51,22 @@ from themis_clip.interface import (
     EmbeddingResult,
     ImageAnalysisBackend,
     ImageData,
-    ImageFormat,
     ImageMetadata,
     PluginInfo,
 )
 from themis_clip.loading import load_model
 from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.spec import ModelSpec
-from themis_clip.pipeline import elapsed_ms, embed_images, embed_texts, translate
+from themis_clip.pipeline import (
+    DecodePool,
+    elapsed_ms,
+    embed_image,
+    embed_images,
+    embed_texts,
+    finish_batch,
+    translate,
+    warm_up,
+)
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
 from themis_clip.vocabulary import ModelIdentity
@@ -67,15 +75,6 @@ from themis_clip.zeroshot import DEFAULT_TEMPLATE, MAX_LABELS, LabelScore, Ranke
 __all__ = ["OnnxClipPlugin", "PluginState", "ReloadReport"]
 
 log = logging.getLogger(__name__)
-
-_PILLOW_FORMAT = {
-    ImageFormat.JPEG: "JPEG",
-    ImageFormat.PNG: "PNG",
-    ImageFormat.BMP: "BMP",
-    ImageFormat.TIFF: "TIFF",
-    ImageFormat.WEBP: "WEBP",
-    ImageFormat.GIF: "GIF",
-}
 
 
 class OnnxClipPlugin(ImageAnalysisBackend):
@@ -102,9 +101,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         self._model: ClipModel | None = None
         self._model_lock = threading.Lock()  # guards the _model reference and acquire()
         self._admin_lock = threading.RLock()  # serialises initialize / reload / shutdown
-        self._executor: ThreadPoolExecutor | None = None
-        self._executor_workers = 0
-        self._budget: PixelBudget | None = None  # decoded pixels in flight, across models
+        self._pool = DecodePool()
         self._zeroshot = ZeroShot(self, lambda: self._model)
         self._config: PluginConfig | None = None
         self._requested_backend = BackendType.AUTO
@@ -150,10 +147,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
                 log.error("initialize failed: %s", self.last_error)
                 return False
             model.generation = 1
-            self._executor_workers = _workers(config)
-            self._executor = ThreadPoolExecutor(
-                self._executor_workers, thread_name_prefix="themis-preprocess"
-            )
+            self._pool.resize(config.preprocess_workers)()
             self._config = config
             self._requested_backend = requested
             self._stats.reset()
@@ -171,9 +165,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             if model is not None:
                 timeout = self._config.drain_timeout_s if self._config else 30.0
                 model.retire(timeout)
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)
-                self._executor = None
+            self._pool.shutdown()
             self._stats.reset()
             self._swap.reset()
             self._last_health = None
@@ -226,21 +218,9 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         (see :class:`~themis_clip.interface.ImageMetadata` for what is only carried).
         """
         t0 = time.perf_counter()
-        hints: dict[str, Any] = {}
-        if isinstance(metadata, ImageMetadata):
-            hints = {"format_hint": _PILLOW_FORMAT.get(metadata.format)}
-            hints["orientation"] = metadata.orientation
         try:
             with self._hold() as model:
-                pixels = model.preprocessor(image_data, **hints)[None]
-                embeddings, valid = model.embed_pixels(pixels)
-                self._stats.record_batch(1)
-                model_id = model.identity.model_id
-            if not valid[0]:
-                raise InferenceError("the model produced a non-finite or zero embedding")
-            result = EmbeddingResult.succeeded(
-                embeddings[0], latency_ms=elapsed_ms(t0), model_id=model_id, metadata=metadata
-            )
+                result = embed_image(model, image_data, metadata, t0, self._stats)
         except Exception as exc:
             result = EmbeddingResult.failure(
                 translate(exc), latency_ms=elapsed_ms(t0), metadata=metadata
@@ -256,15 +236,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         One bad item fails only its own result. All results of one call come from one model.
         """
         items = list(images)
-        final, latency_ms = self._batch(
+        return self._batch(
             len(items),
             lambda model, results, t0: embed_images(
-                model, self._executor, items, results, t0, self._stats
+                model, self._pool.executor, items, results, t0, self._stats
             ),
+            texts=False,
         )
-        errors = sum(not r.ok for r in final)
-        self._stats.record_call(images=len(final), errors=errors, latency_ms=latency_ms)
-        return final
 
     def generate_text_embedding(self, text: str, language: str | None = None) -> EmbeddingResult:
         """Embed one text; ``truncated`` says whether it was cut to the context length.
@@ -341,15 +319,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         says (to the longest row for CLIP, to the full context for last-token pooling);
         ``language`` as in :meth:`generate_text_embedding`."""
         items = list(texts)
-        final, latency_ms = self._batch(
+        return self._batch(
             len(items),
             lambda model, results, t0: embed_texts(
                 model, items, results, t0, self._stats, language=language
             ),
+            texts=True,
         )
-        errors = sum(not r.ok for r in final)
-        self._stats.record_call(texts=len(final), errors=errors, latency_ms=latency_ms)
-        return final
 
     # -- model-only calls (benchmarks, verification) --------------------------------------
 
@@ -416,21 +392,8 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         Raises:
             NotReadyError: the plugin is not initialised.
         """
-        timings: dict[str, float] = {}
         with self._hold() as model:
-            size = model.preprocessor.spec.image_size
-            for n in sorted({1, model.visual.batch_limit}):
-                t0 = time.perf_counter()
-                model.visual.run(np.zeros((n, 3, size, size), dtype=np.float32))
-                timings[f"visual_b{n}_ms"] = elapsed_ms(t0)
-            if model.textual is not None:
-                tok = model.textual.tokenizer
-                for n in sorted({1, model.textual.batch_limit}):
-                    t0 = time.perf_counter()
-                    model.textual.run([tok.probe_row()] * n)
-                    timings[f"textual_b{n}_ms"] = elapsed_ms(t0)
-        log.info("warmup done: %s", ", ".join(f"{k}={v:.1f}" for k, v in timings.items()))
-        return timings
+            return warm_up(model)
 
     def get_statistics(self) -> dict[str, Any]:
         """JSON-serialisable statistics (the seed's calls, avg_latency_ms, backend, ...)."""
@@ -444,8 +407,8 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             last_reload_error=self._swap.last_error,
             last_reload=self._swap.last_report.as_dict() if self._swap.last_report else None,
             state_history=list(self._swap.history),
-            preprocess_workers=self._executor_workers if self._executor else None,
-            pixel_budget=self._budget.stats() if self._budget else None,
+            preprocess_workers=self._pool.workers,
+            pixel_budget=self._pool.budget.stats() if self._pool.budget else None,
             **self._swap.counts,
         )
         return stats
@@ -510,75 +473,53 @@ class OnnxClipPlugin(ImageAnalysisBackend):
 
     def _activate(self, model: ClipModel, config: PluginConfig) -> Callable[[], None]:
         """Make ``model`` and ``config`` active; returns the clean-up to run once drained."""
-        old_executor = self._resize_executor(config)
+        after_drain = self._pool.resize(config.preprocess_workers)
         with self._model_lock:
             self._model = model
         self._config = config
-        if old_executor is None:
-            return lambda: None
-        return lambda: old_executor.shutdown(wait=False)  # undrained: idle threads end with it
-
-    def _resize_executor(self, config: PluginConfig) -> ThreadPoolExecutor | None:
-        """Apply a changed ``preprocess_workers``; return the executor to retire, if any."""
-        workers = _workers(config)
-        if self._executor is not None and self._executor_workers == workers:
-            return None
-        old, self._executor = (
-            self._executor,
-            ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess"),
-        )
-        self._executor_workers = workers
-        log.info("preprocess workers: %d", workers)
-        return old
+        return after_drain
 
     # -- internals -----------------------------------------------------------------------------
 
     @property
     def pixel_budget(self) -> PixelBudget:
         """The decoded-pixel budget every image decode of this plugin shares (thumbnails too)."""
-        if self._budget is None:
+        if self._pool.budget is None:
             pre = self._config.preprocess if self._config else PreprocessConfig()
-            capacity = pre.pixel_budget
-            self._budget = PixelBudget(capacity)
-        return self._budget
+            return self._pool.budget_for(pre.pixel_budget)
+        return self._pool.budget
 
     def _load(self, config: PluginConfig, backend: BackendType) -> ClipModel:
-        capacity = config.preprocess.pixel_budget
-        if self._budget is None or self._budget.capacity != capacity:
-            self._budget = PixelBudget(capacity)  # decodes under the old one finish under it
         return load_model(
             config,
             backend,
             available=self._available,
             hash_fn=self._hash_fn,
             session_factory=self._session_factory,
-            budget=self._budget,
+            budget=self._pool.budget_for(config.preprocess.pixel_budget),
         )
 
     def _batch(
-        self, n: int, fill: Callable[[ClipModel, list[EmbeddingResult | None], float], None]
-    ) -> tuple[list[EmbeddingResult], float]:
-        """Run ``fill`` over ``n`` result slots with the held model; the finalisation both
-        batch calls share: a failure of the whole call fails every slot not yet filled.
-
-        Returns:
-            ``(results, latency_ms)``.
-        """
+        self,
+        n: int,
+        fill: Callable[[ClipModel, list[EmbeddingResult | None], float], None],
+        *,
+        texts: bool,
+    ) -> list[EmbeddingResult]:
+        """``fill`` over ``n`` result slots with the held model, finalised and counted."""
         t0 = time.perf_counter()
         results: list[EmbeddingResult | None] = [None] * n
+        failure: Exception | None = None
         try:
             with self._hold() as model:
                 fill(model, results, t0)
         except Exception as exc:
-            failure = translate(exc)
-            results = [
-                r or EmbeddingResult.failure(failure, latency_ms=elapsed_ms(t0)) for r in results
-            ]
-        final = [
-            r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
-            for r in results
-        ]
-        return final, elapsed_ms(t0)
+            failure = exc
+        final = finish_batch(results, failure, t0)
+        counts = {"texts" if texts else "images": len(final)}
+        errors = sum(not r.ok for r in final)
+        self._stats.record_call(**counts, errors=errors, latency_ms=elapsed_ms(t0))
+        return final
 
     @contextmanager
     def _hold(self) -> Iterator[ClipModel]:
@@ -590,7 +531,3 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             yield model
         finally:
             model.release()
-
-
-def _workers(config: PluginConfig) -> int:
-    return config.preprocess_workers or min(4, os.cpu_count() or 1)
