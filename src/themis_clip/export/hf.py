@@ -406,7 +406,7 @@ def _save(model: onnx.ModelProto, target: Path, threshold: int) -> None:
 
 
 def _convert(source: Path, target: Path, precision: str, threshold: int) -> None:
-    from themis_clip.runtime import quantize_int8_dynamic, to_float16
+    from themis_clip.export.precision import quantize_int8_dynamic, to_float16
 
     if precision == "fp16":
         _save(to_float16(onnx.load(str(source))), target, threshold)

@@ -1,8 +1,8 @@
 """Batch-independent int8 variants of a model directory, calibrated once.
 
 ``add_int8_variant(model_dir)`` quantises the fp32 towers with ONNX Runtime's static
-quantisation (:func:`themis_clip.runtime.quantize_int8_static`) and records the variant in the
-manifest. Calibration: image tensors made by the model's own preprocessing from the images in
+quantisation (:func:`themis_clip.export.precision.quantize_int8_static`) and records the variant
+in the manifest. Calibration: image tensors made by the model's own preprocessing from the images in
 ``calibration`` (a folder, searched recursively), or, without one, from a built-in synthetic set
 (procedural photo-like images and rendered shape scenes, with a warning: ranges fitted to
 synthetic images are a compromise for real photos; pass ~100 representative images); captions
@@ -21,10 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.config import PluginConfig
+from themis_clip.export.precision import quantize_int8_dynamic, quantize_int8_static
 from themis_clip.files import walk_images
 from themis_clip.models.layout import MANIFEST_NAME, write_manifest
 from themis_clip.plugin import OnnxClipPlugin
-from themis_clip.runtime import quantize_int8_dynamic, quantize_int8_static
 
 __all__ = ["CALIBRATION_CAPTIONS", "add_int8_variant", "calibration_images"]
 
