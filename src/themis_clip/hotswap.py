@@ -23,7 +23,7 @@ import numpy as np
 
 from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel
-from themis_clip.errors import ModelMismatchError, describe_error
+from themis_clip.errors import ModelMismatchError, ThemisClipError
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "SpaceGuard",
     "SwapRecord",
     "check_same_space",
+    "describe_error",
     "reload",
     "space_changed",
     "validate",
@@ -120,6 +121,13 @@ def check_same_space(old: ModelIdentity, new: ModelIdentity, config: PluginConfi
         f"{new.model_id}, dim {new.embedding_dim}): vectors stored so far would no longer be "
         "comparable; set allow_embedding_space_change to true and re-index"
     )
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for logs and ``last_error``: our messages as they are, others with their type."""
+    if isinstance(exc, ThemisClipError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 #: called with ``(old, new)`` identities before activation when the space changes; raising

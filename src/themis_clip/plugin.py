@@ -38,12 +38,15 @@ import numpy.typing as npt
 from themis_clip.budget import PixelBudget
 from themis_clip.config import PluginConfig, PreprocessConfig
 from themis_clip.engine import ClipModel
-from themis_clip.errors import (
-    ConfigError,
-    NotReadyError,
+from themis_clip.errors import ConfigError, NotReadyError
+from themis_clip.hotswap import (
+    PluginState,
+    ReloadReport,
+    SpaceGuard,
+    SwapRecord,
     describe_error,
+    validate,
 )
-from themis_clip.hotswap import PluginState, ReloadReport, SpaceGuard, SwapRecord, validate
 from themis_clip.hotswap import reload as reload_with
 from themis_clip.info import NO_MODEL, plugin_info
 from themis_clip.interface import (

@@ -36,6 +36,7 @@ from typing import Any
 import onnx
 import torch
 
+from themis_clip.errors import ExportError
 from themis_clip.models.layout import write_manifest
 from themis_clip.models.peers import HF_RESAMPLE
 from themis_clip.preprocess.text import pad_id_from_config
@@ -181,9 +182,9 @@ def family_of(checkpoint: Path) -> str:
     try:
         kind = json.loads(path.read_text("utf-8")).get("model_type")
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the checkpoint's config ({exc})") from exc
+        raise ExportError(f"{path}: cannot read the checkpoint's config ({exc})") from exc
     if kind not in FAMILIES:
-        raise ValueError(
+        raise ExportError(
             f"{path}: model_type {kind!r} cannot be exported; supported: {', '.join(FAMILIES)}"
         )
     return str(kind)
@@ -246,7 +247,7 @@ def export_hf_checkpoint(
     """
     unknown = set(precisions) - set(PRECISIONS)
     if unknown or "fp32" not in precisions:
-        raise ValueError(
+        raise ExportError(
             f"precisions must include fp32 and be among {PRECISIONS}; got {list(precisions)}"
         )
     timings: dict[str, float] = {}

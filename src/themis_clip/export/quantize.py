@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.config import PluginConfig
+from themis_clip.errors import ExportError, ModelError
 from themis_clip.export.precision import quantize_int8_dynamic, quantize_int8_static
 from themis_clip.files import walk_images
 from themis_clip.models.layout import MANIFEST_NAME, write_manifest
@@ -162,12 +163,12 @@ def _feeds(
 
     plugin = OnnxClipPlugin()
     if not plugin.initialize(PluginConfig.from_dict({"model": {"path": str(model_dir)}})):
-        raise RuntimeError(f"cannot load {model_dir} to calibrate: {plugin.last_error}")
+        raise ModelError(f"cannot load {model_dir} to calibrate: {plugin.last_error}")
     try:
         if calibration is not None:
             paths = walk_images(calibration)
             if not paths:
-                raise ValueError(f"no images under {calibration} to calibrate on")
+                raise ExportError(f"no images under {calibration} to calibrate on")
             images: list[Any] = list(paths)
             described = f"{len(paths)} images from {calibration.name}"
         else:
@@ -185,7 +186,7 @@ def _feeds(
             except Exception as exc:  # an unreadable calibration file is skipped, not fatal
                 log.warning("calibration image skipped: %s", exc)
         if not pixels:
-            raise ValueError("no calibration image could be decoded")
+            raise ExportError("no calibration image could be decoded")
         if len(pixels) < len(images):  # the manifest must say what was really used
             described += f" ({len(images) - len(pixels)} unreadable, skipped)"
         inputs = {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from themis_clip.errors import ExportError
 from themis_clip.preprocess.text import EOT_TOKEN, SOT_TOKEN
 
 __all__ = [
@@ -160,17 +161,17 @@ def openai_bpe_tokenizer(
             raw = gzip.decompress(raw)
         lines = raw.decode("utf-8").split("\n")[1:]
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{bpe_path}: not a gzip or UTF-8 BPE merges file: {exc}") from exc
+        raise ExportError(f"{bpe_path}: not a gzip or UTF-8 BPE merges file: {exc}") from exc
     merges: list[tuple[str, str]] = []
     for number, line in enumerate(lines[: vocab_size - 514], start=2):
         if not line:
             continue
         parts = line.split()
         if len(parts) != 2:
-            raise ValueError(f"{bpe_path}: line {number} is not a merge pair: {line[:60]!r}")
+            raise ExportError(f"{bpe_path}: line {number} is not a merge pair: {line[:60]!r}")
         merges.append((parts[0], parts[1]))
     if not merges:
-        raise ValueError(f"{bpe_path}: no merges found")
+        raise ExportError(f"{bpe_path}: no merges found")
     alphabet = list(bytes_to_unicode().values())
     tokens = [
         *alphabet,

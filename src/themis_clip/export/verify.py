@@ -17,6 +17,7 @@ import torch
 
 from themis_clip.config import PluginConfig
 from themis_clip.demo.scenes import COLOURS, SHAPES, Scene, render_scene
+from themis_clip.errors import ModelError
 from themis_clip.export.hf import family_of, load_reference, reference_features
 from themis_clip.plugin import OnnxClipPlugin
 
@@ -82,7 +83,7 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
         plugin = OnnxClipPlugin()
         config = PluginConfig.from_dict({"model": {"path": str(model_dir), "variant": variant}})
         if not plugin.initialize(config):
-            raise RuntimeError(f"cannot load variant {variant}: {plugin.last_error}")
+            raise ModelError(f"cannot load variant {variant}: {plugin.last_error}")
         got_img = np.stack([r.embedding for r in plugin.generate_embedding_batch(images)])  # type: ignore[misc]
         pixels = np.stack([plugin.preprocess(i) for i in images])
         tokens = plugin.tokenize(TEXTS)
