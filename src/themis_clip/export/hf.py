@@ -22,7 +22,6 @@ Needs the ``[export]`` extra (torch, transformers, onnx, onnxscript); the core n
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import tempfile
@@ -36,6 +35,7 @@ from typing import Any
 import onnx
 import torch
 
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import ExportError
 from themis_clip.models.layout import write_manifest
 from themis_clip.models.peers import HF_RESAMPLE
@@ -180,7 +180,7 @@ def family_of(checkpoint: Path) -> str:
     """The checkpoint's family (``config.json`` ``model_type``), refused if not exportable."""
     path = checkpoint / "config.json"
     try:
-        kind = json.loads(path.read_text("utf-8")).get("model_type")
+        kind = jsonio.read(path).get("model_type")
     except (OSError, ValueError) as exc:
         raise ExportError(f"{path}: cannot read the checkpoint's config ({exc})") from exc
     if kind not in FAMILIES:
@@ -445,9 +445,7 @@ def _context_length(checkpoint: Path, cfg: Any, family: str) -> int:
     if family == "altclip":
         positions -= 2  # RoBERTa's positions start after the padding index
     path = checkpoint / "tokenizer_config.json"
-    declared = (
-        json.loads(path.read_text("utf-8")).get("model_max_length") if path.is_file() else None
-    )
+    declared = _read_json(path).get("model_max_length") if path.is_file() else None
     if isinstance(declared, int) and 2 <= declared <= positions:
         return declared
     return positions
@@ -471,9 +469,20 @@ def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
     return target, pad_id_from_config(checkpoint / "tokenizer_config.json", tok)
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON side file, strict; ExportError naming it when unreadable."""
+    try:
+        data = jsonio.read(path)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path}: cannot read ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: must hold a JSON object")
+    return data
+
+
 def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
     path = checkpoint / "preprocessor_config.json"
-    pre = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+    pre = _read_json(path) if path.is_file() else {}
     size: Any = pre.get("size")
     # A processor that resizes to height x width and never crops squashes (SigLIP, Chinese-CLIP
     # as OFA-Sys ships it); CLIP resizes the shortest edge, then centre-crops.

@@ -12,7 +12,6 @@ quantisation instead (``int8-dynamic``: per-batch activation ranges, batch-depen
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import themis_clip.jsonio as jsonio
 from themis_clip.config import PluginConfig
 from themis_clip.errors import ExportError, ModelError
 from themis_clip.export.precision import quantize_int8_dynamic, quantize_int8_static
@@ -110,7 +110,7 @@ def add_int8_variant(
         ModelError: the model directory cannot be loaded.
     """
     manifest_path = model_dir / MANIFEST_NAME
-    manifest: dict[str, Any] = json.loads(manifest_path.read_text("utf-8"))
+    manifest: dict[str, Any] = jsonio.read(manifest_path)
     name = "int8-dynamic" if dynamic else "int8"
     towers = {"visual": manifest["visual"]["file"]}
     if manifest.get("textual"):

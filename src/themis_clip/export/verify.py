@@ -8,13 +8,13 @@ exported graph. Thresholds: cosine ≥ 0.99999 (fp32), ≥ 0.999 (fp16), ≥ 0.9
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import themis_clip.jsonio as jsonio
 from themis_clip.config import PluginConfig
 from themis_clip.demo.scenes import COLOURS, SHAPES, Scene, render_scene
 from themis_clip.errors import ModelError
@@ -72,7 +72,7 @@ def _features(out: object) -> np.ndarray:
 
 def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
     """Compare every variant in ``model_dir`` with the reference ``checkpoint``."""
-    manifest = json.loads((model_dir / "manifest.json").read_text("utf-8"))
+    manifest = jsonio.read(model_dir / "manifest.json")
     variants = ["fp32", *manifest.get("variants", {})]
     reference = load_reference(checkpoint)
     family = family_of(checkpoint)

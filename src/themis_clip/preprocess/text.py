@@ -12,7 +12,6 @@ OpenAI's for any string. Over-long text is truncated so that EOT stays last, and
 from __future__ import annotations
 
 import html
-import json
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, TextInputError
 from themis_clip.models.spec import TextSpec
 
@@ -309,7 +309,7 @@ def pad_id_from_config(config: Path, tokenizer: Any) -> int:
     """The id of ``pad_token`` in a ``tokenizer_config.json``; 0 (OpenAI's) when it has none."""
     if config.is_file():
         try:
-            pad = json.loads(config.read_text("utf-8")).get("pad_token")
+            pad = jsonio.read(config).get("pad_token")
         except (OSError, ValueError):
             pad = None
         if isinstance(pad, dict):
