@@ -38,7 +38,10 @@ from themis_clip.vocabulary import (
     OPTIMIZATION_LEVELS,
     BackendType,
     DecodeMode,
+    GraphDtype,
+    OptimizationLevel,
     ResizeMode,
+    member_of,
 )
 
 __all__ = [  # the vocabulary's names stay importable from here
@@ -131,17 +134,19 @@ class SessionConfig:
             that image-decoding threads need.
     """
 
-    optimization_level: str = "all"
+    optimization_level: OptimizationLevel = OptimizationLevel.ALL
     optimized_model_cache_dir: str | None = None
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.optimization_level not in OPTIMIZATION_LEVELS:
+        level = member_of(OptimizationLevel, self.optimization_level)
+        if level is None:
             raise ConfigError(
                 f"must be one of {', '.join(OPTIMIZATION_LEVELS)}; got {self.optimization_level!r}",
                 key="session.optimization_level",
             )
+        object.__setattr__(self, "optimization_level", level)  # its string given: the member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,17 +193,19 @@ class SearchConfig:
 
     index: str | None = None
     target_recall: float = 0.98
-    graph_dtype: str = "i8"
+    graph_dtype: GraphDtype = GraphDtype.I8
 
     def __post_init__(self) -> None:
         if not 0 < self.target_recall <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {self.target_recall!r}", key="search.target_recall"
             )
-        if self.graph_dtype not in ("f16", "i8", "f32"):
+        dtype = member_of(GraphDtype, self.graph_dtype)
+        if dtype is None:
             raise ConfigError(
                 f"must be f16, i8 or f32, got {self.graph_dtype!r}", key="search.graph_dtype"
             )
+        object.__setattr__(self, "graph_dtype", dtype)  # its string given: the member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,7 +356,9 @@ class PluginConfig:
         trt_r.finish()
         ses_r = r.section("session")
         session = SessionConfig(
-            optimization_level=ses_r.one_of("optimization_level", OPTIMIZATION_LEVELS, "all"),
+            optimization_level=OptimizationLevel(
+                ses_r.one_of("optimization_level", OPTIMIZATION_LEVELS, "all")
+            ),
             optimized_model_cache_dir=ses_r.path("optimized_model_cache_dir"),
             cpu_mem_arena=ses_r.get("cpu_mem_arena", bool, True),
             allow_spinning=ses_r.get("allow_spinning", bool),
@@ -362,7 +371,9 @@ class PluginConfig:
         search = SearchConfig(
             index=index,
             target_recall=search_r.number("target_recall", 0.98),
-            graph_dtype=search_r.one_of("graph_dtype", ("f16", "i8", "f32"), "i8"),
+            graph_dtype=GraphDtype(
+                search_r.one_of("graph_dtype", tuple(d.value for d in GraphDtype), "i8")
+            ),
         )
         search_r.finish()
         config = cls(

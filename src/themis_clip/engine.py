@@ -306,7 +306,7 @@ class ClipModel:
             "text_input": self.textual.describe() if self.textual is not None else None,
             "generation": self.generation,
             "in_flight": self.in_flight,
-            "loading_mode": self.visual.session.loading_mode,
+            "loading_mode": self.visual.session.loading_mode.value,
             "loading_note": self.loading_note,
             "optimized_model_cache": {
                 tower: t.session.optimized_cache

@@ -36,6 +36,7 @@ from themis_clip.errors import (
     ModelNotFoundError,
 )
 from themis_clip.interface import BackendType
+from themis_clip.vocabulary import LoadingMode, OptimizationLevel
 
 __all__ = [
     "PROVIDER_NAMES",
@@ -119,7 +120,7 @@ class SessionSettings:
     tensorrt_cache_dir: str | None = None
     tensorrt_fp16: bool = False
     prepack_weights: bool = True
-    optimization_level: str = "all"
+    optimization_level: OptimizationLevel = OptimizationLevel.ALL
     optimized_cache_dir: str | None = None
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
@@ -250,7 +251,7 @@ class ORTSession:
     session: Any
     backend: BackendType
     path: Path
-    loading_mode: str
+    loading_mode: LoadingMode
     name: str
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
@@ -286,7 +287,7 @@ def create_session(
     plan: ProviderPlan,
     settings: SessionSettings,
     *,
-    loading_mode: str = "path",
+    loading_mode: LoadingMode = LoadingMode.PATH,
     name: str | None = None,
 ) -> ORTSession:
     """Create a session under ``plan`` and check that its first provider really holds.
@@ -318,7 +319,7 @@ def create_session(
         _OptimizedModelCache(Path(settings.optimized_cache_dir), path, settings, ort.__version__)
         if settings.optimized_cache_dir
         and plan.backend is BackendType.CPU
-        and loading_mode != "mmap"
+        and loading_mode is not LoadingMode.MMAP
         else None
     )
     cache_state = "off"
@@ -385,10 +386,10 @@ def create_session(
 
 
 _LEVELS = {
-    "disabled": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
+    OptimizationLevel.DISABLED: "ORT_DISABLE_ALL",
+    OptimizationLevel.BASIC: "ORT_ENABLE_BASIC",
+    OptimizationLevel.EXTENDED: "ORT_ENABLE_EXTENDED",
+    OptimizationLevel.ALL: "ORT_ENABLE_ALL",
 }
 
 
@@ -397,7 +398,7 @@ def _session_options(
 ) -> Any:
     """Session options for ``settings`` (``cached``: the graph is already optimised)."""
     options = ort.SessionOptions()
-    level = "disabled" if cached else settings.optimization_level
+    level = OptimizationLevel.DISABLED if cached else settings.optimization_level
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = settings.cpu_mem_arena

@@ -40,7 +40,7 @@ from themis_clip.errors import ExportError
 from themis_clip.models.layout import write_manifest
 from themis_clip.models.peers import HF_RESAMPLE
 from themis_clip.preprocess.text import pad_id_from_config
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Precision, member_of
 
 __all__ = [
     "FAMILIES",
@@ -55,7 +55,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")
+PRECISIONS = tuple(p.value for p in Precision)
 TWO_GB = 2 * 1024**3
 _OPSET = 18
 
@@ -245,11 +245,12 @@ def export_hf_checkpoint(
     ``calibration`` (or a built-in synthetic set, with a warning); ``int8-dynamic`` is ONNX
     Runtime's dynamic quantisation, whose outputs depend on the batch.
     """
-    unknown = set(precisions) - set(PRECISIONS)
-    if unknown or "fp32" not in precisions:
+    chosen = [member_of(Precision, p) for p in precisions]
+    if None in chosen or Precision.FP32 not in chosen:
         raise ExportError(
             f"precisions must include fp32 and be among {PRECISIONS}; got {list(precisions)}"
         )
+    wanted = [p for p in chosen if p is not None]
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     family = family_of(checkpoint)
@@ -309,8 +310,8 @@ def export_hf_checkpoint(
             )
         timings["textual_s"] = time.perf_counter() - t0
     variants: dict[str, dict[str, str]] = {}
-    for precision in precisions:
-        if precision in ("fp32", "int8"):  # int8 is calibrated on the finished fp32 model below
+    for precision in wanted:
+        if precision in (Precision.FP32, Precision.INT8):  # int8: calibrated on fp32, below
             continue
         t0 = time.perf_counter()
         variants[precision] = {}
@@ -345,7 +346,7 @@ def export_hf_checkpoint(
             **(extra_manifest or {}),
         },
     )
-    if "int8" in precisions:
+    if Precision.INT8 in wanted:
         from themis_clip.export.quantize import add_int8_variant
 
         t0 = time.perf_counter()
@@ -406,12 +407,12 @@ def _save(model: onnx.ModelProto, target: Path, threshold: int) -> None:
         onnx.save_model(model, str(target))
 
 
-def _convert(source: Path, target: Path, precision: str, threshold: int) -> None:
+def _convert(source: Path, target: Path, precision: Precision, threshold: int) -> None:
     from themis_clip.export.precision import quantize_int8_dynamic, to_float16
 
-    if precision == "fp16":
+    if precision is Precision.FP16:
         _save(to_float16(onnx.load(str(source))), target, threshold)
-    elif precision == "int8-dynamic":
+    elif precision is Precision.INT8_DYNAMIC:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "q.onnx"
             quantize_int8_dynamic(source, out)

@@ -28,8 +28,18 @@ from typing import Any
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError
-from themis_clip.models.spec import TEXT_CLEANING, ImageSpec, ModelSpec, TextSpec
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
+from themis_clip.models.spec import ImageSpec, ModelSpec, TextSpec
+from themis_clip.vocabulary import (
+    CLIP_MEAN,
+    CLIP_STD,
+    LanguagePrefix,
+    Layout,
+    Padding,
+    ResizeMode,
+    SpecialTokens,
+    TextCleaning,
+    member_of,
+)
 
 __all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
 
@@ -122,15 +132,15 @@ def _text_spec(
     tokenizer adds its own special tokens and is cleaned as the peer cleans it."""
     if _is_clip_bpe(tokenizer):
         return TextSpec()
-    rule = clean or default_clean
-    if rule not in TEXT_CLEANING:
-        raise ModelFormatError(f"{where}: unknown text cleaning {rule!r}")
+    rule = member_of(TextCleaning, clean or default_clean)
+    if rule is None:
+        raise ModelFormatError(f"{where}: unknown text cleaning {clean or default_clean!r}")
     return TextSpec(
-        special_tokens="tokenizer",
-        padding="max_length" if pad_to_context else "longest",
-        clean=str(rule),
+        special_tokens=SpecialTokens.TOKENIZER,
+        padding=Padding.MAX_LENGTH if pad_to_context else Padding.LONGEST,
+        clean=rule,
         # NLLB-SigLIP: a Flores-200 code glued in front; immich defaults to English.
-        language_prefix="flores200" if languages else None,
+        language_prefix=LanguagePrefix.FLORES200 if languages else None,
         default_language="eng_Latn" if languages else None,
     )
 

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
+from themis_clip.vocabulary import (
+    CLIP_MEAN,
+    CLIP_STD,
+    LanguagePrefix,
+    Layout,
+    Padding,
+    ResizeMode,
+    SpecialTokens,
+    TextCleaning,
+    member_of,
+)
 
-__all__ = ["ImageSpec", "ModelSpec"]
+__all__ = ["ImageSpec", "ModelSpec", "TextSpec"]
+
+_E = TypeVar("_E", bound=enum.StrEnum)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,57 +37,71 @@ class ImageSpec:
     fill: tuple[int, int, int] = (0, 0, 0)
 
 
-#: text cleaning rules: OpenAI's exact ``whitespace_clean(basic_clean(t)).lower()``, and
-#: open_clip's ``tokenizer_kwargs.clean`` choices (``canonicalize``: SigLIP; ``lower``,
-#: ``whitespace``), or none
-TEXT_CLEANING = ("openai", "canonicalize", "lower", "whitespace", "none")
-#: who adds the special tokens: this package (CLIP's SOT ... EOT) or the tokenizer's own
-#: post-processor (SigLIP's appended EOS, BERT's CLS/SEP, XLM-R's <s></s>)
-SPECIAL_TOKENS = ("clip", "tokenizer")
-#: how a batch is padded: to its longest row (graphs that take a mask or pool at EOT) or to the
-#: full context (graphs that pool the last position: SigLIP)
-PADDING = ("longest", "max_length")
-#: language prefixes: Flores-200 codes glued to the text with no space (NLLB-SigLIP, as immich)
-LANGUAGE_PREFIXES = ("flores200",)
+#: the closed sets' values, kept for callers of the tuples (the enums are in ``vocabulary``)
+TEXT_CLEANING = tuple(c.value for c in TextCleaning)
+SPECIAL_TOKENS = tuple(c.value for c in SpecialTokens)
+PADDING = tuple(c.value for c in Padding)
+LANGUAGE_PREFIXES = tuple(c.value for c in LanguagePrefix)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TextSpec:
     """How text becomes token ids for one model: part of its description, never a guess.
 
+    :meth:`parse` builds one from a description's strings and names what is not allowed.
+
     Attributes:
-        special_tokens: ``"clip"`` or ``"tokenizer"`` (see :data:`SPECIAL_TOKENS`).
-        padding: ``"longest"`` or ``"max_length"`` (see :data:`PADDING`).
+        special_tokens: who adds the special tokens (:class:`SpecialTokens`).
+        padding: to the longest row or the full context (:class:`Padding`).
         attention_mask: True: the graph must take a mask; False: it must not; None: as the
             graph declares.
-        clean: one of :data:`TEXT_CLEANING`.
-        language_prefix: None, or ``"flores200"``.
+        clean: the text cleaning rule (:class:`TextCleaning`).
+        language_prefix: None, or :attr:`LanguagePrefix.FLORES200`.
         default_language: the code used when a caller gives none (None: callers must give one).
     """
 
-    special_tokens: str = "clip"
-    padding: str = "longest"
+    special_tokens: SpecialTokens = SpecialTokens.CLIP
+    padding: Padding = Padding.LONGEST
     attention_mask: bool | None = None
-    clean: str = "openai"
-    language_prefix: str | None = None
+    clean: TextCleaning = TextCleaning.OPENAI
+    language_prefix: LanguagePrefix | None = None
     default_language: str | None = None
 
-    def problems(self) -> list[str]:
-        """What is wrong with this description (empty: nothing)."""
-        out = []
-        for name, value, allowed in (
-            ("special_tokens", self.special_tokens, SPECIAL_TOKENS),
-            ("padding", self.padding, PADDING),
-            ("clean", self.clean, TEXT_CLEANING),
-        ):
-            if value not in allowed:
-                out.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-        if self.language_prefix is not None and self.language_prefix not in LANGUAGE_PREFIXES:
-            out.append(
-                f"language_prefix must be one of {', '.join(LANGUAGE_PREFIXES)}; "
-                f"got {self.language_prefix!r}"
-            )
-        return out
+    @classmethod
+    def parse(
+        cls,
+        *,
+        special_tokens: str,
+        padding: str,
+        attention_mask: bool | None,
+        clean: str,
+        language_prefix: str | None,
+        default_language: str | None,
+    ) -> tuple[TextSpec | None, list[str]]:
+        """A spec from a description's strings: ``(spec, [])``, or ``(None, problems)`` naming
+        each field that is not one of its closed set."""
+        problems: list[str] = []
+
+        def pick(name: str, kind: type[_E], value: str) -> _E:
+            member = member_of(kind, value)
+            if member is None:
+                allowed = ", ".join(k.value for k in kind)
+                problems.append(f"{name} must be one of {allowed}; got {value!r}")
+            return member  # type: ignore[return-value]  # only used when no problems
+
+        spec = cls(
+            special_tokens=pick("special_tokens", SpecialTokens, special_tokens),
+            padding=pick("padding", Padding, padding),
+            attention_mask=attention_mask,
+            clean=pick("clean", TextCleaning, clean),
+            language_prefix=(
+                None
+                if language_prefix is None
+                else pick("language_prefix", LanguagePrefix, language_prefix)
+            ),
+            default_language=default_language,
+        )
+        return (None, problems) if problems else (spec, [])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ import numpy.typing as npt
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, TextInputError
 from themis_clip.models.spec import TextSpec
+from themis_clip.vocabulary import Padding, SpecialTokens, TextCleaning
 
 __all__ = [
     "EOT_TOKEN",
@@ -151,7 +152,7 @@ class HFTokenizer:
             )
         self.spec = spec
         self.context_length = context_length
-        self.pad_to_context = spec.padding == "max_length"
+        self.pad_to_context = spec.padding is Padding.MAX_LENGTH
         if pad_id is None:
             pad_id = pad_id_from_config(path.parent / "tokenizer_config.json", self._tokenizer)
         self.pad_id: int = pad_id
@@ -238,8 +239,8 @@ def make_tokenizer(
     path: Path, spec: TextSpec, *, context_length: int, pad_id: int | None
 ) -> CLIPTokenizer | HFTokenizer:
     """The tokenizer a model's text description asks for (CLIP's exact path, or the generic)."""
-    if spec.special_tokens == "clip" and spec.language_prefix is None:
-        if spec.clean != "openai":
+    if spec.special_tokens is SpecialTokens.CLIP and spec.language_prefix is None:
+        if spec.clean is not TextCleaning.OPENAI:
             raise ModelFormatError(
                 f"{path}: CLIP tokenisation cleans text as OpenAI does; clean {spec.clean!r} "
                 "needs special_tokens: tokenizer"
@@ -321,10 +322,10 @@ def pad_id_from_config(config: Path, tokenizer: Any) -> int:
 
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _FLORES = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
-_CLEANERS: dict[str, Callable[[str], str]] = {
-    "openai": openai_clean,
-    "canonicalize": canonicalize,
-    "lower": _lower,
-    "whitespace": _whitespace,
-    "none": _none,
+_CLEANERS: dict[TextCleaning, Callable[[str], str]] = {
+    TextCleaning.OPENAI: openai_clean,
+    TextCleaning.CANONICALIZE: canonicalize,
+    TextCleaning.LOWER: _lower,
+    TextCleaning.WHITESPACE: _whitespace,
+    TextCleaning.NONE: _none,
 }
