@@ -464,9 +464,9 @@ def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
                 tmp
             )
             shutil.copy(Path(tmp) / "tokenizer.json", target)
-    from tokenizers import Tokenizer
+    from themis_clip.export.tokenizer import read_tokenizer
 
-    tok = Tokenizer.from_file(str(target))
+    tok = read_tokenizer(target)
     return target, pad_id_from_config(checkpoint / "tokenizer_config.json", tok)
 
 
@@ -540,10 +540,11 @@ def create_random_checkpoint(
 
     The architecture is CLIP's (quick_gelu, pre-LN); pass ViT-B/32 sizes for a benchmark model.
     """
-    from tokenizers import Tokenizer
     from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
 
-    tok = Tokenizer.from_file(str(tokenizer_json))
+    from themis_clip.export.tokenizer import read_tokenizer
+
+    tok = read_tokenizer(tokenizer_json)
     sot, eot = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
     cfg = CLIPConfig(
         text_config={

@@ -179,18 +179,13 @@ def to_hf_checkpoint(
     """
     import shutil
 
-    from tokenizers import Tokenizer
-
     from themis_clip.export.hf import save_image_processor
-    from themis_clip.export.tokenizer import openai_bpe_tokenizer
+    from themis_clip.export.tokenizer import openai_bpe_tokenizer, read_tokenizer
 
     model = load_openclip_as_hf(checkpoint, architecture)
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer_json.suffix == ".json":
-        try:
-            size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
-        except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
-            raise ExportError(f"{tokenizer_json} is not a tokenizer.json: {exc}") from exc
+        size = read_tokenizer(tokenizer_json).get_vocab_size()
         shutil.copy(tokenizer_json, out_dir / "tokenizer.json")
     else:  # OpenAI's merges file (bpe_simple_vocab_16e6.txt.gz), as the clip packages ship it
         size = openai_bpe_tokenizer(tokenizer_json, out_dir / "tokenizer.json").get_vocab_size()

@@ -6,6 +6,9 @@ Same pipeline as the Hugging Face CLIP tokenizer file: NFC, whitespace collapse,
 CLIP's split pattern, byte-level pre-tokenisation, ``</w>`` end-of-word suffix; the special
 tokens ``<|startoftext|>`` and ``<|endoftext|>`` appended after the vocabulary (as in CLIP,
 where they are the two highest ids).
+
+The exporter's one home of ``tokenizers`` (the core's is :mod:`themis_clip.preprocess.text`):
+the other export modules read tokenizer files through :func:`read_tokenizer`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "bytes_to_unicode",
     "default_corpus",
     "openai_bpe_tokenizer",
+    "read_tokenizer",
 ]
 
 #: Vocabulary size of OpenAI's CLIP tokenizer: 256 bytes twice, 48,894 merges, 2 specials.
@@ -237,3 +241,15 @@ def _assemble(vocab: dict[str, int], merges: list[tuple[str, str]], path: Path |
         path.parent.mkdir(parents=True, exist_ok=True)
         tok.save(str(path))
     return tok
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    """The ``tokenizer.json`` at ``path``.
+
+    Raises:
+        ExportError: the file is missing or not a tokenizer file.
+    """
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+        raise ExportError(f"{path} is not a tokenizer.json: {exc}") from exc

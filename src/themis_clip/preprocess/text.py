@@ -1,4 +1,5 @@
-r"""The only module that imports ``tokenizers``: CLIP tokenisation from the model's own files.
+r"""The core's only module that imports ``tokenizers``: CLIP tokenisation from the model's own
+files (the exporter's one home of ``tokenizers`` is ``export/tokenizer.py``).
 
 Conventions (REFERENCE.md §2): every sequence is ``<|startoftext|> tokens <|endoftext|>``,
 padded to the batch length with the model's pad id (OpenAI pads with 0; HF and immich files
