@@ -37,10 +37,12 @@ import torch
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ExportError
+from themis_clip.models.families import FAMILIES as MODEL_FAMILIES
+from themis_clip.models.families import Family, VisualInput
 from themis_clip.models.layout import write_manifest
 from themis_clip.models.peers import HF_RESAMPLE
 from themis_clip.preprocess.text import pad_id_from_config
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Precision, member_of
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Padding, Precision, member_of
 
 __all__ = [
     "FAMILIES",
@@ -128,52 +130,8 @@ class _MaskedTextual(torch.nn.Module):
         return out if torch.is_tensor(out) else out.pooler_output
 
 
-#: ``config.json`` ``model_type`` → (transformers class, what the manifest's ``textual`` adds)
-FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "clip": ("CLIPModel", {}),
-    # SigLIP pools the last position: padded to the full context with the pad id, no mask,
-    # EOS appended by its SentencePiece tokenizer, open_clip's canonicalize cleaning.
-    "siglip": (
-        "SiglipModel",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "max_length",
-            "attention_mask": False,
-            "clean": "canonicalize",
-        },
-    ),
-    # SigLIP 2 at a fixed resolution (the NaFlex tower fed S x S squashed images): SigLIP's text
-    # rule with its Gemma tokenizer on lower-cased text.
-    "siglip2": (
-        "Siglip2Model",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "max_length",
-            "attention_mask": False,
-            "clean": "lower",
-        },
-    ),
-    # BERT (Chinese-CLIP) and XLM-R (AltCLIP) text towers: bidirectional, so the mask is an
-    # input; their tokenizer.json adds [CLS]/[SEP] or <s></s> and normalises text itself.
-    "chinese_clip": (
-        "ChineseCLIPModel",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "longest",
-            "attention_mask": True,
-            "clean": "none",
-        },
-    ),
-    "altclip": (
-        "AltCLIPModel",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "longest",
-            "attention_mask": True,
-            "clean": "none",
-        },
-    ),
-}
+#: the exporter's view of the family table (:mod:`themis_clip.models.families`), by model_type
+FAMILIES = MODEL_FAMILIES
 
 
 def family_of(checkpoint: Path) -> str:
@@ -202,18 +160,15 @@ def reference_features(
     """PyTorch's image and text features (not normalised) for our preprocessed ``pixels`` and
     token ``rows``, fed the way the family was trained: SigLIP padded to the full context,
     BERT/XLM-R towers with their attention mask, SigLIP 2 cut into patches."""
-    fields = FAMILIES[family][1]
-    if family == "siglip2":
-        image = _Siglip2Visual(model, int(model.config.vision_config.patch_size))(pixels)
-    else:
-        image = _Visual(model)(pixels)
+    fam = FAMILIES[family]
+    image = _visual_module(model, fam)(pixels)
     texts = []
     for row in rows:
         ids = list(row)
-        if fields.get("padding") == "max_length":
+        if fam.text.padding is Padding.MAX_LENGTH:
             ids += [pad_id] * (context_length - len(ids))
         tensor = torch.tensor([ids])
-        if fields.get("attention_mask"):
+        if fam.text.attention_mask:
             texts.append(_MaskedTextual(model)(tensor, torch.ones_like(tensor)))
         else:
             texts.append(_Textual(model)(tensor))
@@ -225,7 +180,7 @@ def load_reference(checkpoint: Path) -> Any:
     ``CLIPModel`` or ``SiglipModel``, by ``config.json``'s ``model_type``."""
     import transformers
 
-    cls = getattr(transformers, FAMILIES[family_of(checkpoint)][0])
+    cls = getattr(transformers, FAMILIES[family_of(checkpoint)].hf_class)
     return cls.from_pretrained(str(checkpoint), local_files_only=True).eval()
 
 
@@ -254,24 +209,23 @@ def export_hf_checkpoint(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     family = family_of(checkpoint)
-    text_fields = FAMILIES[family][1]
+    fam = FAMILIES[family]
     model = load_reference(checkpoint)
     cfg = model.config
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_file, pad_id = _tokenizer(checkpoint, out_dir)
-    if family == "siglip2":  # fixed resolution: the tower's patch budget as a square
+    if fam.visual is VisualInput.PATCHES:  # fixed resolution: the patch budget as a square
         patch = int(cfg.vision_config.patch_size)
         side = round(int(cfg.vision_config.num_patches) ** 0.5) * patch
         pre = _preprocessing(checkpoint, side) | {"image_size": side, "resize_mode": "squash"}
-        visual_module: torch.nn.Module = _Siglip2Visual(model, patch)
     else:
         pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
-        visual_module = _Visual(model)
+    visual_module = _visual_module(model, fam)
     timings["load_s"] = time.perf_counter() - t0
     size = pre["image_size"]
-    ctx = _context_length(checkpoint, cfg, family)
-    masked = bool(text_fields.get("attention_mask"))
-    with torch.no_grad(), warnings.catch_warnings(), _exportable(family):
+    ctx = _context_length(checkpoint, cfg, fam)
+    masked = bool(fam.text.attention_mask)
+    with torch.no_grad(), warnings.catch_warnings(), _exportable(fam):
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         _export(
@@ -334,7 +288,7 @@ def export_hf_checkpoint(
             "tokenizer": tok_file.name,
             "context_length": ctx,
             "pad_id": pad_id,
-            **text_fields,
+            **fam.manifest_text,
         },
         variants=variants,
         extra={
@@ -419,11 +373,18 @@ def _convert(source: Path, target: Path, precision: Precision, threshold: int) -
             _save(onnx.load(str(out)), target, threshold)
 
 
+def _visual_module(model: Any, fam: Family) -> torch.nn.Module:
+    """The export wrapper of the family's image tower."""
+    if fam.visual is VisualInput.PATCHES:
+        return _Siglip2Visual(model, int(model.config.vision_config.patch_size))
+    return _Visual(model)
+
+
 @contextlib.contextmanager
-def _exportable(family: str) -> Iterator[None]:
+def _exportable(fam: Family) -> Iterator[None]:
     """SigLIP 2's runtime shape checks (``torch_compilable_check``, an all-true reduction that
     ONNX has no operator for) are off while exporting: at a fixed resolution they always hold."""
-    if family != "siglip2":
+    if fam.visual is not VisualInput.PATCHES:
         yield
         return
     from transformers.models.siglip2 import modeling_siglip2
@@ -437,14 +398,12 @@ def _exportable(family: str) -> Iterator[None]:
         setattr(modeling_siglip2, name, saved)
 
 
-def _context_length(checkpoint: Path, cfg: Any, family: str) -> int:
+def _context_length(checkpoint: Path, cfg: Any, fam: Family) -> int:
     """The text context: CLIP's and SigLIP's position table; for BERT/XLM-R towers (512
     positions) the tokenizer's ``model_max_length`` (Chinese-CLIP: 52), within the table."""
-    positions = int(cfg.text_config.max_position_embeddings)
-    if family in ("clip", "siglip", "siglip2"):
+    positions = int(cfg.text_config.max_position_embeddings) - fam.position_offset
+    if not fam.context_from_tokenizer:
         return positions
-    if family == "altclip":
-        positions -= 2  # RoBERTa's positions start after the padding index
     path = checkpoint / "tokenizer_config.json"
     declared = _read_json(path).get("model_max_length") if path.is_file() else None
     if isinstance(declared, int) and 2 <= declared <= positions:
