@@ -37,6 +37,7 @@ import torch
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ExportError
+from themis_clip.export.wrappers import MaskedTextual, Textual, visual_module
 from themis_clip.models.families import FAMILIES as MODEL_FAMILIES
 from themis_clip.models.families import Family, VisualInput
 from themis_clip.models.layout import write_manifest
@@ -72,64 +73,6 @@ class ExportReport:
     seconds: dict[str, float] = field(default_factory=dict)  # step → seconds
 
 
-class _Visual(torch.nn.Module):
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        out = self.model.get_image_features(pixel_values=pixel_values)
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-class _Textual(torch.nn.Module):
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # CLIP's text tower is causal and pools at EOT: trailing padding needs no mask.
-        out = self.model.get_text_features(input_ids=input_ids)
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-class _Siglip2Visual(torch.nn.Module):
-    """SigLIP 2 at a fixed resolution: ``pixel_values [N,3,S,S]`` cut into the patches the NaFlex
-    vision tower takes (the processor's ``convert_image_to_patches`` order), all valid."""
-
-    def __init__(self, model: Any, patch: int) -> None:
-        super().__init__()
-        self.model, self.patch = model, patch
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = pixel_values.shape
-        p = self.patch
-        rows, cols = h // p, w // p
-        patches = (
-            pixel_values.reshape(n, c, rows, p, cols, p)
-            .permute(0, 2, 4, 3, 5, 1)
-            .reshape(n, rows * cols, p * p * c)
-        )
-        mask = torch.ones(n, rows * cols, dtype=torch.int64)
-        shapes = torch.tensor([[rows, cols]], dtype=torch.int64).expand(n, 2)
-        out = self.model.get_image_features(
-            pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes
-        )
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-class _MaskedTextual(torch.nn.Module):
-    """Text towers that take an attention mask (BERT, XLM-R: bidirectional, masked pooling)."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
 #: the exporter's view of the family table (:mod:`themis_clip.models.families`), by model_type
 FAMILIES = MODEL_FAMILIES
 
@@ -161,7 +104,7 @@ def reference_features(
     token ``rows``, fed the way the family was trained: SigLIP padded to the full context,
     BERT/XLM-R towers with their attention mask, SigLIP 2 cut into patches."""
     fam = FAMILIES[family]
-    image = _visual_module(model, fam)(pixels)
+    image = visual_module(model, fam)(pixels)
     texts = []
     for row in rows:
         ids = list(row)
@@ -169,9 +112,9 @@ def reference_features(
             ids += [pad_id] * (context_length - len(ids))
         tensor = torch.tensor([ids])
         if fam.text.attention_mask:
-            texts.append(_MaskedTextual(model)(tensor, torch.ones_like(tensor)))
+            texts.append(MaskedTextual(model)(tensor, torch.ones_like(tensor)))
         else:
-            texts.append(_Textual(model)(tensor))
+            texts.append(Textual(model)(tensor))
     return image, torch.cat(texts)
 
 
@@ -220,7 +163,7 @@ def export_hf_checkpoint(
         pre = _preprocessing(checkpoint, side) | {"image_size": side, "resize_mode": "squash"}
     else:
         pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
-    visual_module = _visual_module(model, fam)
+    visual = visual_module(model, fam)
     timings["load_s"] = time.perf_counter() - t0
     size = pre["image_size"]
     ctx = _context_length(checkpoint, cfg, fam)
@@ -229,7 +172,7 @@ def export_hf_checkpoint(
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         _export(
-            visual_module,
+            visual,
             (torch.zeros(2, 3, size, size),),
             ["pixel_values"],
             "image_embeds",
@@ -244,7 +187,7 @@ def export_hf_checkpoint(
         axes = {0: batch, 1: sequence}
         if masked:
             _export(
-                _MaskedTextual(model),
+                MaskedTextual(model),
                 (ids, torch.ones_like(ids)),
                 ["input_ids", "attention_mask"],
                 "text_embeds",
@@ -254,7 +197,7 @@ def export_hf_checkpoint(
             )
         else:
             _export(
-                _Textual(model),
+                Textual(model),
                 (ids,),
                 ["input_ids"],
                 "text_embeds",
@@ -275,7 +218,7 @@ def export_hf_checkpoint(
             variants[precision][tower] = target.name
         timings[f"{precision}_s"] = time.perf_counter() - t0
     with torch.no_grad():  # the image tower's output width (CLIP's projection_dim, SigLIP's hidden)
-        dim = int(visual_module(torch.zeros(1, 3, size, size)).shape[-1])
+        dim = int(visual(torch.zeros(1, 3, size, size)).shape[-1])
     model_name = name or checkpoint.name
     write_manifest(
         out_dir,
@@ -371,13 +314,6 @@ def _convert(source: Path, target: Path, precision: Precision, threshold: int) -
             out = Path(tmp) / "q.onnx"
             quantize_int8_dynamic(source, out)
             _save(onnx.load(str(out)), target, threshold)
-
-
-def _visual_module(model: Any, fam: Family) -> torch.nn.Module:
-    """The export wrapper of the family's image tower."""
-    if fam.visual is VisualInput.PATCHES:
-        return _Siglip2Visual(model, int(model.config.vision_config.patch_size))
-    return _Visual(model)
 
 
 @contextlib.contextmanager
