@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, TextInputError
-from themis_clip.models.spec import TextSpec
+from themis_clip.inputspec import TextSpec
 from themis_clip.vocabulary import Padding, SpecialTokens, TextCleaning
 
 __all__ = [
