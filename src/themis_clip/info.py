@@ -1,5 +1,5 @@
-"""What the plugin says about itself: ThemisDB's ``PluginInfo`` and its capabilities, and the
-statistics fields of a plugin with no model loaded."""
+"""What the plugin says about itself: ThemisDB's ``PluginInfo`` and its capabilities, and its
+``get_statistics()`` document."""
 
 from __future__ import annotations
 
@@ -8,11 +8,21 @@ from typing import Any
 
 from themis_clip._version import __version__
 from themis_clip.engine import ClipModel
+from themis_clip.hotswap import SwapRecord
 from themis_clip.interface import BackendType, PluginCapabilities, PluginInfo
+from themis_clip.pipeline import DecodePool
 from themis_clip.preprocess.image import readable_formats
 from themis_clip.runtime import available_providers, supported_backends
+from themis_clip.stats import Statistics
 
-__all__ = ["FEATURES", "NO_MODEL", "capabilities", "memory_estimate_mb", "plugin_info"]
+__all__ = [
+    "FEATURES",
+    "NO_MODEL",
+    "capabilities",
+    "memory_estimate_mb",
+    "plugin_info",
+    "statistics",
+]
 
 FEATURES = (
     "image_embedding",
@@ -94,3 +104,27 @@ def plugin_info(name: str, model: ClipModel | None, available: Sequence[str] | N
         supported_formats=readable_formats(),
         capabilities=capabilities(model, available),
     )
+
+
+def statistics(
+    stats: Statistics,
+    model: ClipModel | None,
+    swap: SwapRecord,
+    pool: DecodePool,
+    last_health: bool | None,
+) -> dict[str, Any]:
+    """The JSON-serialisable ``get_statistics()`` of a plugin made of these parts."""
+    out = stats.snapshot()
+    out.update(
+        state=swap.state.value,
+        ready=model is not None,
+        **(model.describe() if model else NO_MODEL),
+        last_health_check=last_health,
+        last_reload_error=swap.last_error,
+        last_reload=swap.last_report.as_dict() if swap.last_report else None,
+        state_history=list(swap.history),
+        preprocess_workers=pool.workers,
+        pixel_budget=pool.budget.stats() if pool.budget else None,
+        **swap.counts,
+    )
+    return out

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "embed_texts",
     "finish_batch",
     "result_of",
+    "run_batch",
     "translate",
     "warm_up",
 ]
@@ -136,6 +138,33 @@ def finish_batch(
         r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
         for r in results
     ]
+
+
+def run_batch(
+    hold: Callable[[], AbstractContextManager[ClipModel]],
+    n: int,
+    fill: Callable[[ClipModel, list[EmbeddingResult | None], float], None],
+    stats: Statistics,
+    *,
+    texts: bool,
+) -> list[EmbeddingResult]:
+    """One batch call: ``fill`` the ``n`` result slots with the model ``hold`` gives, finalise
+    them (:func:`finish_batch`) and count the call as ``texts`` or images."""
+    t0 = time.perf_counter()
+    results: list[EmbeddingResult | None] = [None] * n
+    failure: Exception | None = None
+    try:
+        with hold() as model:
+            fill(model, results, t0)
+    except Exception as exc:
+        failure = exc
+    final = finish_batch(results, failure, t0)
+    errors = sum(not r.ok for r in final)
+    if texts:
+        stats.record_call(texts=len(final), errors=errors, latency_ms=elapsed_ms(t0))
+    else:
+        stats.record_call(images=len(final), errors=errors, latency_ms=elapsed_ms(t0))
+    return final
 
 
 def warm_up(model: ClipModel) -> dict[str, float]:

@@ -10,17 +10,13 @@ that are not thread-safe (DirectML) carry their own lock. Each request holds the
 started with (an in-flight count on that model), so a hot swap never changes the model under a
 running request, and a batch is always computed wholly by one model.
 
-Hot swap (:meth:`OnnxClipPlugin.reload_model`), improving on the seed's drain-then-swap: the new
-model is loaded and validated beside the old one while the old one keeps serving, activation is
-one reference swap, and the old model is retired after (:mod:`.hotswap` has the orchestration).
-Sessions are never closed under a running ``run`` call.
+Hot swap (:meth:`OnnxClipPlugin.reload_model`, orchestrated in :mod:`.hotswap`) loads and
+validates the new model beside the serving one, activates it by one reference swap, then retires
+the old one; sessions are never closed under a running ``run`` call.
 
 The class is a facade over its parts: :mod:`.loading` (load a model), :mod:`.pipeline` (the
 embedding calls), :mod:`.zeroshot` (classify, rank, label cache), :mod:`.hotswap` (reload),
 :mod:`.info` (``PluginInfo`` and capabilities) and :mod:`.stats`.
-
-Size: past 500 lines only by its docstrings (about 150 lines: the seed's whole public surface,
-documented method by method); every method body is a short delegate to the parts above.
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ from themis_clip.hotswap import (
     validate,
 )
 from themis_clip.hotswap import reload as reload_with
-from themis_clip.info import NO_MODEL, plugin_info
+from themis_clip.info import plugin_info, statistics
 from themis_clip.interface import (
     BackendType,
     EmbeddingResult,
@@ -66,7 +62,7 @@ from themis_clip.pipeline import (
     embed_image,
     embed_images,
     embed_texts,
-    finish_batch,
+    run_batch,
     translate,
     warm_up,
 )
@@ -239,11 +235,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         One bad item fails only its own result. All results of one call come from one model.
         """
         items = list(images)
-        return self._batch(
+        return run_batch(
+            self._hold,
             len(items),
             lambda model, results, t0: embed_images(
                 model, self._pool.executor, items, results, t0, self._stats
             ),
+            self._stats,
             texts=False,
         )
 
@@ -322,11 +320,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         says (to the longest row for CLIP, to the full context for last-token pooling);
         ``language`` as in :meth:`generate_text_embedding`."""
         items = list(texts)
-        return self._batch(
+        return run_batch(
+            self._hold,
             len(items),
             lambda model, results, t0: embed_texts(
                 model, items, results, t0, self._stats, language=language
             ),
+            self._stats,
             texts=True,
         )
 
@@ -400,21 +400,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
 
     def get_statistics(self) -> dict[str, Any]:
         """JSON-serialisable statistics (the seed's calls, avg_latency_ms, backend, ...)."""
-        stats = self._stats.snapshot()
-        model = self._model
-        stats.update(
-            state=self._swap.state.value,
-            ready=model is not None,
-            **(model.describe() if model else NO_MODEL),
-            last_health_check=self._last_health,
-            last_reload_error=self._swap.last_error,
-            last_reload=self._swap.last_report.as_dict() if self._swap.last_report else None,
-            state_history=list(self._swap.history),
-            preprocess_workers=self._pool.workers,
-            pixel_budget=self._pool.budget.stats() if self._pool.budget else None,
-            **self._swap.counts,
-        )
-        return stats
+        return statistics(self._stats, self._model, self._swap, self._pool, self._last_health)
 
     # -- hot swap ------------------------------------------------------------------------------
 
@@ -501,28 +487,6 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             session_factory=self._session_factory,
             budget=self._pool.budget_for(config.preprocess.pixel_budget),
         )
-
-    def _batch(
-        self,
-        n: int,
-        fill: Callable[[ClipModel, list[EmbeddingResult | None], float], None],
-        *,
-        texts: bool,
-    ) -> list[EmbeddingResult]:
-        """``fill`` over ``n`` result slots with the held model, finalised and counted."""
-        t0 = time.perf_counter()
-        results: list[EmbeddingResult | None] = [None] * n
-        failure: Exception | None = None
-        try:
-            with self._hold() as model:
-                fill(model, results, t0)
-        except Exception as exc:
-            failure = exc
-        final = finish_batch(results, failure, t0)
-        counts = {"texts" if texts else "images": len(final)}
-        errors = sum(not r.ok for r in final)
-        self._stats.record_call(**counts, errors=errors, latency_ms=elapsed_ms(t0))
-        return final
 
     @contextmanager
     def _hold(self) -> Iterator[ClipModel]:
