@@ -29,8 +29,8 @@ from make_models import ensure
 
 from themis_clip import OnnxClipPlugin, PluginConfig, demo_model_path
 from themis_clip.demo.scenes import random_scene, render_scene
+from themis_clip.export.precision import quantize_int8_dynamic, quantize_int8_static
 from themis_clip.export.quantize import CALIBRATION_CAPTIONS, calibration_images
-from themis_clip.runtime import quantize_int8_dynamic, quantize_int8_static
 
 # Peak RSS from /proc (VmHWM): ru_maxrss would carry the parent's peak across fork + exec.
 RSS = r"""

@@ -19,7 +19,7 @@ def main() -> None:
     import onnx
     import onnxruntime as ort
 
-    from themis_clip.runtime import to_float16
+    from themis_clip.export.precision import to_float16
 
     available = ort.get_available_providers()
     print(json.dumps({"onnxruntime": ort.__version__, "providers": available}), flush=True)

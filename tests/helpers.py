@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from themis_clip import CLIP_MEAN, CLIP_STD, ModelConfig, OnnxClipPlugin, PluginConfig
+from themis_clip.runtime import ORTSession, create_session
 
 MEAN = np.asarray(CLIP_MEAN, dtype=np.float64)
 STD = np.asarray(CLIP_STD, dtype=np.float64)
@@ -55,8 +56,27 @@ def encode(img: Image.Image, fmt: str, **kwargs: object) -> bytes:
     return buf.getvalue()
 
 
-def make_plugin(model_dir: Path, **config: object) -> OnnxClipPlugin:
-    plugin = OnnxClipPlugin()
+class SessionRecorder:
+    """A ``session_factory`` that creates real sessions and keeps them, so a test can watch or
+    fault one through the plugin's public constructor argument."""
+
+    def __init__(self) -> None:
+        self.sessions: list[ORTSession] = []
+
+    def __call__(self, path: Path, plan: Any, settings: Any, **kw: Any) -> ORTSession:
+        session = create_session(path, plan, settings, **kw)
+        self.sessions.append(session)
+        return session
+
+    def last(self, tower: str) -> ORTSession:
+        """The newest session whose file name contains ``tower`` ("visual", "textual")."""
+        return next(s for s in reversed(self.sessions) if tower in s.path.name)
+
+
+def make_plugin(
+    model_dir: Path, *, session_factory: Any = None, **config: object
+) -> OnnxClipPlugin:
+    plugin = OnnxClipPlugin(session_factory=session_factory or create_session)
     model_keys = {k: config.pop(k) for k in list(config) if k in ModelConfig.__dataclass_fields__}
     cfg = PluginConfig(model=ModelConfig(path=str(model_dir), **model_keys), **config)  # type: ignore[arg-type]
     assert plugin.initialize(cfg), plugin.last_error

@@ -22,20 +22,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from themis_clip.errors import RequestTooLargeError, ThemisClipError
+from themis_clip.errors import QueueFullError, RequestTooLargeError
 
 __all__ = ["BatcherStats", "MicroBatcher", "QueueFullError"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class QueueFullError(ThemisClipError):
-    """The batching queue is full; retry after ``retry_after_s``."""
-
-    def __init__(self, message: str, *, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass

@@ -13,8 +13,7 @@ The seed's keys are accepted exactly::
 plus the keys documented on each dataclass below. Unknown keys are rejected (a typo must not
 silently fall back to a default), and every error names the dotted key.
 
-
-Size: the whole configuration schema and its one strict reader; the schema is the module.
+The strict key-by-key reader is :class:`themis_clip.configreader.JSONReader`.
 """
 
 from __future__ import annotations
@@ -26,9 +25,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import themis_clip.jsonio as jsonio
+from themis_clip.configreader import JSONReader
 from themis_clip.errors import ConfigError
 from themis_clip.vocabulary import (
     CLIP_MEAN,
@@ -38,7 +38,10 @@ from themis_clip.vocabulary import (
     OPTIMIZATION_LEVELS,
     BackendType,
     DecodeMode,
+    GraphDtype,
+    OptimizationLevel,
     ResizeMode,
+    member_of,
 )
 
 __all__ = [  # the vocabulary's names stay importable from here
@@ -131,17 +134,19 @@ class SessionConfig:
             that image-decoding threads need.
     """
 
-    optimization_level: str = "all"
+    optimization_level: OptimizationLevel = OptimizationLevel.ALL
     optimized_model_cache_dir: str | None = None
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.optimization_level not in OPTIMIZATION_LEVELS:
+        level = member_of(OptimizationLevel, self.optimization_level)
+        if level is None:
             raise ConfigError(
                 f"must be one of {', '.join(OPTIMIZATION_LEVELS)}; got {self.optimization_level!r}",
                 key="session.optimization_level",
             )
+        object.__setattr__(self, "optimization_level", level)  # its string given: the member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,17 +193,19 @@ class SearchConfig:
 
     index: str | None = None
     target_recall: float = 0.98
-    graph_dtype: str = "i8"
+    graph_dtype: GraphDtype = GraphDtype.I8
 
     def __post_init__(self) -> None:
         if not 0 < self.target_recall <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {self.target_recall!r}", key="search.target_recall"
             )
-        if self.graph_dtype not in ("f16", "i8", "f32"):
+        dtype = member_of(GraphDtype, self.graph_dtype)
+        if dtype is None:
             raise ConfigError(
                 f"must be f16, i8 or f32, got {self.graph_dtype!r}", key="search.graph_dtype"
             )
+        object.__setattr__(self, "graph_dtype", dtype)  # its string given: the member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,7 +323,7 @@ class PluginConfig:
         cls, data: Any, *, base_dir: str | os.PathLike[str] | None = None
     ) -> PluginConfig:
         """Build a config from already-parsed JSON (a mapping)."""
-        r = _Reader(data, "", base_dir)
+        r = JSONReader(data, "", base_dir)
         model_r = r.section("model", required=True)
         model = ModelConfig(
             path=model_r.path("path", required=True) or "",
@@ -349,7 +356,9 @@ class PluginConfig:
         trt_r.finish()
         ses_r = r.section("session")
         session = SessionConfig(
-            optimization_level=ses_r.one_of("optimization_level", OPTIMIZATION_LEVELS, "all"),
+            optimization_level=OptimizationLevel(
+                ses_r.one_of("optimization_level", OPTIMIZATION_LEVELS, "all")
+            ),
             optimized_model_cache_dir=ses_r.path("optimized_model_cache_dir"),
             cpu_mem_arena=ses_r.get("cpu_mem_arena", bool, True),
             allow_spinning=ses_r.get("allow_spinning", bool),
@@ -362,7 +371,9 @@ class PluginConfig:
         search = SearchConfig(
             index=index,
             target_recall=search_r.number("target_recall", 0.98),
-            graph_dtype=search_r.one_of("graph_dtype", ("f16", "i8", "f32"), "i8"),
+            graph_dtype=GraphDtype(
+                search_r.one_of("graph_dtype", tuple(d.value for d in GraphDtype), "i8")
+            ),
         )
         search_r.finish()
         config = cls(
@@ -401,133 +412,3 @@ def _plain(value: Any) -> Any:
 def _check_positive(value: int, key: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"must be a positive integer, got {value!r}", key=key)
-
-
-_T = TypeVar("_T")
-_E = TypeVar("_E", bound=enum.Enum)
-
-
-class _Reader:
-    """Reads one JSON object, tracking which keys were used so unknown ones can be reported."""
-
-    def __init__(self, data: Any, prefix: str, base_dir: str | os.PathLike[str] | None) -> None:
-        if not isinstance(data, Mapping):
-            raise ConfigError(
-                f"must be a JSON object, got {type(data).__name__}", key=prefix.rstrip(".") or None
-            )
-        self._data = data
-        self._prefix = prefix
-        self._base_dir = base_dir
-        self._seen: set[str] = set()
-
-    def _key(self, key: str) -> str:
-        return self._prefix + key
-
-    def raw(self, key: str) -> Any:
-        self._seen.add(key)
-        return self._data.get(key)
-
-    def get(self, key: str, typ: type[_T], default: _T | None = None) -> Any:
-        value = self.raw(key)
-        if value is None:
-            return default
-        # bool is an int subclass: reject true/false where a number is expected, and vice versa.
-        if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-            raise ConfigError(
-                f"expected {typ.__name__}, got {type(value).__name__} {value!r}", key=self._key(key)
-            )
-        return value
-
-    def positive_int(self, key: str) -> int | None:
-        value: int | None = self.get(key, int)
-        if value is not None and value < 1:
-            raise ConfigError(f"must be a positive integer, got {value!r}", key=self._key(key))
-        return value
-
-    def number(self, key: str, default: float) -> float:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"expected a number, got {value!r}", key=self._key(key))
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"must be a finite number >= 0, got {value!r}", key=self._key(key))
-        return float(value)
-
-    def choice(self, key: str, enum_type: type[_E]) -> _E | None:
-        value = self.raw(key)
-        if value is None:
-            return None
-        if isinstance(value, str):
-            try:
-                return enum_type(value.lower())
-            except ValueError:
-                pass
-        allowed = ", ".join(str(m.value) for m in enum_type)
-        raise ConfigError(f"must be one of {allowed}; got {value!r}", key=self._key(key))
-
-    def one_of(self, key: str, allowed: tuple[str, ...], default: str) -> str:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if value not in allowed:
-            raise ConfigError(
-                f"must be one of {', '.join(allowed)}; got {value!r}", key=self._key(key)
-            )
-        return str(value)
-
-    def triple(self, key: str, *, positive: bool = False) -> tuple[float, float, float] | None:
-        value = self.raw(key)
-        if value is None:
-            return None
-        if (
-            not isinstance(value, list | tuple)
-            or len(value) != 3
-            or not all(jsonio.is_number(v) for v in value)
-            or not all(math.isfinite(v) for v in value)
-            or (positive and not all(v > 0 for v in value))
-        ):
-            what = "three positive numbers" if positive else "three numbers"
-            raise ConfigError(f"must be a list of {what}, got {value!r}", key=self._key(key))
-        return (float(value[0]), float(value[1]), float(value[2]))
-
-    def path(self, key: str, *, required: bool = False) -> str | None:
-        value: str | None = self.get(key, str)
-        if value is None or not value.strip():
-            if required:
-                raise ConfigError("is required", key=self._key(key))
-            return None
-        expanded = os.path.expanduser(value)
-        if self._base_dir is not None and not os.path.isabs(expanded):
-            expanded = os.path.join(self._base_dir, expanded)
-        return expanded
-
-    def sha256(self, key: str) -> str | Mapping[str, str] | None:
-        value = self.raw(key)
-        if value is None:
-            return None
-        items = value.items() if isinstance(value, Mapping) else [("", value)]
-        for name, digest in items:
-            if not isinstance(digest, str) or not _is_hex_digest(digest):
-                where = f"{self._key(key)}.{name}" if name else self._key(key)
-                raise ConfigError(f"must be a 64-digit hex SHA-256, got {digest!r}", key=where)
-        if isinstance(value, Mapping):
-            return {str(k): str(v).lower() for k, v in value.items()}
-        return str(value).lower()
-
-    def section(self, key: str, *, required: bool = False) -> _Reader:
-        value = self.raw(key)
-        if value is None:
-            if required:
-                raise ConfigError("is required", key=self._key(key))
-            value = {}
-        return _Reader(value, self._key(key) + ".", self._base_dir)
-
-    def finish(self) -> None:
-        unknown = sorted(set(self._data) - self._seen)
-        if unknown:
-            raise ConfigError(f"unknown key {unknown[0]!r}", key=self._key(str(unknown[0])))
-
-
-def _is_hex_digest(value: str) -> bool:
-    return len(value) == 64 and all(c in "0123456789abcdefABCDEF" for c in value)

@@ -197,6 +197,15 @@ class TextualTower:
             # The graph is the authority: sequences must fit its fixed axis.
             tokenizer.context_length = self.fixed_length
 
+    def describe(self) -> dict[str, Any]:
+        """How the text tower is fed: context length, attention mask, fixed axes."""
+        return {
+            "context_length": self.tokenizer.context_length,
+            "attention_mask": self.mask is not None,
+            "fixed_length": self.fixed_length,
+            "fixed_batch": self.fixed_batch,
+        }
+
     def run(self, rows: Sequence[Sequence[int]]) -> npt.NDArray[np.float32]:
         """Embed token rows; batches are length-sorted, trimmed, and returned in input order."""
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
@@ -294,9 +303,10 @@ class ClipModel:
             "embedding_dim": self.embedding_dim,
             "image_size": self.preprocessor.spec.image_size,
             "text_tower": self.textual is not None,
+            "text_input": self.textual.describe() if self.textual is not None else None,
             "generation": self.generation,
             "in_flight": self.in_flight,
-            "loading_mode": self.visual.session.loading_mode,
+            "loading_mode": self.visual.session.loading_mode.value,
             "loading_note": self.loading_note,
             "optimized_model_cache": {
                 tower: t.session.optimized_cache

@@ -22,6 +22,11 @@
     │   ├── MetadataError           item metadata is not bounded, strict JSON (names the limit)
     │   └── RequestTooLargeError    more items in one request than the service can ever queue
     ├── ResourceBusyError           a shared budget (decoded pixels in flight) stayed full; retry
+    ├── QueueFullError              the micro-batching queue is full now; retry after retry_after_s
+    ├── ExportError                 the exporter cannot use a checkpoint, tokenizer or calibration
+    │                               set (also a ValueError, as the exporter's callers expect)
+    ├── CLIError                    a usage or set-up problem of the command line (exit code 2;
+    │                               defined in ``themis_clip.cli.common``, the CLI's edge)
     └── InferenceError              ONNX Runtime failed while running a session
 
 Third-party errors (ONNX Runtime, Pillow, tokenizers) are translated into these where they
@@ -34,6 +39,7 @@ from __future__ import annotations
 __all__ = [
     "BackendUnavailableError",
     "ConfigError",
+    "ExportError",
     "ImageDecodeError",
     "ImageTooLargeError",
     "IndexModelMismatchError",
@@ -48,6 +54,7 @@ __all__ = [
     "NotReadyError",
     "PluginAPIVersionError",
     "PluginNotFoundError",
+    "QueueFullError",
     "RequestTooLargeError",
     "ResourceBusyError",
     "SearchIndexError",
@@ -142,6 +149,19 @@ class RequestTooLargeError(InputError):
 
 class ResourceBusyError(ThemisClipError):
     """A shared budget (decoded pixels in flight) stayed full for too long; retry later."""
+
+
+class QueueFullError(ThemisClipError):
+    """The batching queue is full; retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ExportError(ThemisClipError, ValueError):
+    """The exporter cannot use its input: an unreadable or unsupported checkpoint, tokenizer,
+    merges file or calibration set (the message names the file and the problem)."""
 
 
 class InferenceError(ThemisClipError):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
-__all__ = ["is_number", "loads"]
+__all__ = ["is_number", "loads", "read"]
 
 
 def _no_constant(name: str) -> Any:
@@ -34,6 +35,20 @@ def loads(text: str | bytes) -> Any:
         ValueError: not valid (strict) JSON.
     """
     return json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+
+
+def read(path: Path) -> Any:
+    """The strict JSON document in the file ``path``.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: not valid (strict) JSON; the message names the file.
+    """
+    data = path.read_bytes()
+    try:
+        return loads(data)
+    except ValueError as exc:  # json.JSONDecodeError and ours; UnicodeDecodeError too
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
 
 
 def is_number(value: Any) -> bool:

@@ -7,14 +7,18 @@ Pure functions over a loaded :class:`~themis_clip.engine.ClipModel`; the plugin 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.budget import PixelBudget
 from themis_clip.engine import ClipModel
 from themis_clip.errors import (
     ConfigError,
@@ -23,12 +27,162 @@ from themis_clip.errors import (
     TextInputError,
     ThemisClipError,
 )
-from themis_clip.interface import EmbeddingResult, ImageData
+from themis_clip.interface import EmbeddingResult, ImageData, ImageFormat, ImageMetadata
 from themis_clip.stats import Statistics
 
-__all__ = ["elapsed_ms", "embed_images", "embed_texts", "result_of", "translate"]
+__all__ = [
+    "DecodePool",
+    "elapsed_ms",
+    "embed_image",
+    "embed_images",
+    "embed_texts",
+    "finish_batch",
+    "result_of",
+    "run_batch",
+    "translate",
+    "warm_up",
+]
 
 log = logging.getLogger("themis_clip.plugin")
+
+_PILLOW_FORMAT = {
+    ImageFormat.JPEG: "JPEG",
+    ImageFormat.PNG: "PNG",
+    ImageFormat.BMP: "BMP",
+    ImageFormat.TIFF: "TIFF",
+    ImageFormat.WEBP: "WEBP",
+    ImageFormat.GIF: "GIF",
+}
+
+
+class DecodePool:
+    """The decode resources of one plugin, shared across its models: the decode threads
+    (``preprocess_workers``; None means ``min(4, CPUs)``) and the decoded-pixel budget."""
+
+    def __init__(self) -> None:
+        self.executor: ThreadPoolExecutor | None = None
+        self.budget: PixelBudget | None = None
+        self._workers = 0
+
+    def budget_for(self, capacity: int) -> PixelBudget:
+        """The budget of ``capacity`` pixels; a new one when the capacity changed (decodes
+        under the old one finish under it)."""
+        if self.budget is None or self.budget.capacity != capacity:
+            self.budget = PixelBudget(capacity)
+        return self.budget
+
+    @property
+    def workers(self) -> int | None:
+        """Threads of the running pool (None when shut down)."""
+        return self._workers if self.executor is not None else None
+
+    def resize(self, workers: int | None) -> Callable[[], None]:
+        """Start a pool of ``workers`` threads unless one of that size runs.
+
+        Returns:
+            the clean-up that shuts the replaced pool down (a no-op when none was replaced);
+            callers run it once no request can still submit to the old pool.
+        """
+        workers = workers or min(4, os.cpu_count() or 1)
+        if self.executor is not None and self._workers == workers:
+            return lambda: None
+        old = self.executor
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess")
+        self._workers = workers
+        log.info("preprocess workers: %d", workers)
+        if old is None:
+            return lambda: None
+        return lambda: old.shutdown(wait=False)
+
+    def shutdown(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=False)
+            self.executor = None
+
+
+def embed_image(
+    model: ClipModel,
+    image_data: ImageData,
+    metadata: ImageMetadata | Mapping[str, Any] | None,
+    t0: float,
+    stats: Statistics,
+) -> EmbeddingResult:
+    """One image, decoded in the caller's thread; an :class:`ImageMetadata` gives the decoder
+    its format hint and EXIF orientation. Raises what decoding or the session raised."""
+    hints: dict[str, Any] = {}
+    if isinstance(metadata, ImageMetadata):
+        hints = {"format_hint": _PILLOW_FORMAT.get(metadata.format)}
+        hints["orientation"] = metadata.orientation
+    pixels = model.preprocessor(image_data, **hints)[None]
+    embeddings, valid = model.embed_pixels(pixels)
+    stats.record_batch(1)
+    if not valid[0]:
+        raise InferenceError("the model produced a non-finite or zero embedding")
+    return EmbeddingResult.succeeded(
+        embeddings[0],
+        latency_ms=elapsed_ms(t0),
+        model_id=model.identity.model_id,
+        metadata=metadata,
+    )
+
+
+def finish_batch(
+    results: list[EmbeddingResult | None], failure: BaseException | None, t0: float
+) -> list[EmbeddingResult]:
+    """The batch calls' finalisation: a ``failure`` of the whole call fails every slot not
+    yet filled with it; a slot still empty after that is reported as not processed."""
+    if failure is not None:
+        error = translate(failure)
+        results = [r or EmbeddingResult.failure(error, latency_ms=elapsed_ms(t0)) for r in results]
+    return [
+        r if r is not None else EmbeddingResult.failure(InferenceError("not processed"))
+        for r in results
+    ]
+
+
+def run_batch(
+    hold: Callable[[], AbstractContextManager[ClipModel]],
+    n: int,
+    fill: Callable[[ClipModel, list[EmbeddingResult | None], float], None],
+    stats: Statistics,
+    *,
+    texts: bool,
+) -> list[EmbeddingResult]:
+    """One batch call: ``fill`` the ``n`` result slots with the model ``hold`` gives, finalise
+    them (:func:`finish_batch`) and count the call as ``texts`` or images."""
+    t0 = time.perf_counter()
+    results: list[EmbeddingResult | None] = [None] * n
+    failure: Exception | None = None
+    try:
+        with hold() as model:
+            fill(model, results, t0)
+    except Exception as exc:
+        failure = exc
+    final = finish_batch(results, failure, t0)
+    errors = sum(not r.ok for r in final)
+    if texts:
+        stats.record_call(texts=len(final), errors=errors, latency_ms=elapsed_ms(t0))
+    else:
+        stats.record_call(images=len(final), errors=errors, latency_ms=elapsed_ms(t0))
+    return final
+
+
+def warm_up(model: ClipModel) -> dict[str, float]:
+    """Zero inputs at batch 1 and the batch limit on each tower; milliseconds per step."""
+    timings: dict[str, float] = {}
+    size = model.preprocessor.spec.image_size
+    for n in sorted({1, model.visual.batch_limit}):
+        t0 = time.perf_counter()
+        model.visual.run(np.zeros((n, 3, size, size), dtype=np.float32))
+        timings[f"visual_b{n}_ms"] = elapsed_ms(t0)
+    if model.textual is not None:
+        tok = model.textual.tokenizer
+        for n in sorted({1, model.textual.batch_limit}):
+            t0 = time.perf_counter()
+            model.textual.run([tok.probe_row()] * n)
+            timings[f"textual_b{n}_ms"] = elapsed_ms(t0)
+    log.info("warmup done: %s", ", ".join(f"{k}={v:.1f}" for k, v in timings.items()))
+    return timings
 
 
 def embed_images(

@@ -1,4 +1,4 @@
-"""The only module that imports ``onnxruntime``: provider policy, session options, sessions.
+"""The core's only module that imports ``onnxruntime``: provider policy, session options, sessions.
 
 Provider selection is a pure function (:func:`plan_providers`) of the requested backend and
 the list of providers ONNX Runtime reports, so tests drive it with injected lists. A plan is
@@ -7,9 +7,8 @@ silently drops a GPU provider that fails to initialise, and we never let that be
 CPU fallback for an explicitly requested GPU backend. ``AUTO`` walks its plans in the seed's
 order (CUDA → TensorRT → DirectML → CPU) and keeps the first that really holds.
 
-
-Size: the one home of onnxruntime (provider plans, session options, the optimised-model cache,
-sessions and the exporter's fp16/int8 tools); splitting it would make two onnxruntime seams.
+ONNX Runtime's model tools (fp16 conversion, int8 quantisation) are the exporter's business and
+live in :mod:`themis_clip.export.precision`, outside the core.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import os
 import platform
 import shutil
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +36,7 @@ from themis_clip.errors import (
     ModelNotFoundError,
 )
 from themis_clip.interface import BackendType
+from themis_clip.vocabulary import LoadingMode, OptimizationLevel
 
 __all__ = [
     "PROVIDER_NAMES",
@@ -48,10 +47,7 @@ __all__ = [
     "available_providers",
     "create_session",
     "plan_providers",
-    "quantize_int8_dynamic",
-    "quantize_int8_static",
     "supported_backends",
-    "to_float16",
 ]
 
 log = logging.getLogger(__name__)
@@ -124,7 +120,7 @@ class SessionSettings:
     tensorrt_cache_dir: str | None = None
     tensorrt_fp16: bool = False
     prepack_weights: bool = True
-    optimization_level: str = "all"
+    optimization_level: OptimizationLevel = OptimizationLevel.ALL
     optimized_cache_dir: str | None = None
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
@@ -255,7 +251,7 @@ class ORTSession:
     session: Any
     backend: BackendType
     path: Path
-    loading_mode: str
+    loading_mode: LoadingMode
     name: str
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
@@ -291,7 +287,7 @@ def create_session(
     plan: ProviderPlan,
     settings: SessionSettings,
     *,
-    loading_mode: str = "path",
+    loading_mode: LoadingMode = LoadingMode.PATH,
     name: str | None = None,
 ) -> ORTSession:
     """Create a session under ``plan`` and check that its first provider really holds.
@@ -323,7 +319,7 @@ def create_session(
         _OptimizedModelCache(Path(settings.optimized_cache_dir), path, settings, ort.__version__)
         if settings.optimized_cache_dir
         and plan.backend is BackendType.CPU
-        and loading_mode != "mmap"
+        and loading_mode is not LoadingMode.MMAP
         else None
     )
     cache_state = "off"
@@ -390,10 +386,10 @@ def create_session(
 
 
 _LEVELS = {
-    "disabled": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
+    OptimizationLevel.DISABLED: "ORT_DISABLE_ALL",
+    OptimizationLevel.BASIC: "ORT_ENABLE_BASIC",
+    OptimizationLevel.EXTENDED: "ORT_ENABLE_EXTENDED",
+    OptimizationLevel.ALL: "ORT_ENABLE_ALL",
 }
 
 
@@ -402,7 +398,7 @@ def _session_options(
 ) -> Any:
     """Session options for ``settings`` (``cached``: the graph is already optimised)."""
     options = ort.SessionOptions()
-    level = "disabled" if cached else settings.optimization_level
+    level = OptimizationLevel.DISABLED if cached else settings.optimization_level
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[level])
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = settings.cpu_mem_arena
@@ -501,91 +497,3 @@ def _info(node: Any) -> TensorInfo:
         raise ModelFormatError(f"tensor {node.name!r} has unsupported type {node.type}")
     shape = tuple(d if isinstance(d, int | str) else None for d in (node.shape or ()))
     return TensorInfo(name=node.name, shape=shape, dtype=dtype)
-
-
-# -- ONNX Runtime's model tools (the exporter's precision variants) ----------------------------
-
-
-def to_float16(model: Any) -> Any:
-    """An fp16 copy of an ONNX ``ModelProto`` whose inputs and outputs stay float32."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    return convert_float_to_float16(model, keep_io_types=True)
-
-
-def quantize_int8_dynamic(source: Path, target: Path) -> None:
-    """ONNX Runtime's dynamic quantisation: int8 weights, activation ranges *per batch*, so an
-    item's output depends on its batch-mates (the ``int8-dynamic`` variant)."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        str(source), str(target), weight_type=QuantType.QInt8, use_external_data_format=False
-    )
-
-
-def quantize_int8_static(
-    source: Path, target: Path, feeds: Sequence[Mapping[str, npt.NDArray[Any]]]
-) -> None:
-    """ONNX Runtime's static quantisation, batch-independent: per-channel int8 weights and uint8
-    activation ranges calibrated once on ``feeds`` (min/max, asymmetric) and stored in the graph
-    (QDQ).
-
-    Linear layers and convolutions are quantised, except the first and the last weighted layer;
-    matrix products of two activations (attention scores and mixing) stay float32, where fixed
-    ranges would cost accuracy (measured on the demo model: image cosine to fp32 min 0.9938 with
-    everything in symmetric int8, 0.9993 like this). Every operation is then per row with fixed
-    scales, so an item's output is bit-identical alone or in any batch.
-    """
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    model = onnx.load(str(source))
-    for i, node in enumerate(model.graph.node):  # exclusions go by name: every node needs one
-        node.name = node.name or f"{node.op_type}_{i}"
-    weights = {init.name for init in model.graph.initializer}
-    activation_products = [
-        n.name
-        for n in model.graph.node
-        if n.op_type == "MatMul" and not any(name in weights for name in n.input)
-    ]
-    # The first and last weighted layers (patch embedding or first projection; the output
-    # projection) stay float: they see the widest ranges and cost ~1 % of the compute.
-    weighted = [
-        n.name
-        for n in model.graph.node
-        if n.op_type in ("MatMul", "Gemm", "Conv") and n.name not in activation_products
-    ]
-    keep_float = [*activation_products, *weighted[:1], *weighted[-1:]]
-    tmp = Path(tempfile.mkdtemp(prefix="themis-quant-"))
-    named = tmp / "named.onnx"
-    onnx.save_model(model, str(named), save_as_external_data=True, location="named.onnx.data")
-    del model
-
-    class _Feeds(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self._it = iter(feeds)
-
-        def get_next(self) -> Mapping[str, npt.NDArray[Any]] | None:
-            return next(self._it, None)
-
-    try:
-        quantize_static(
-            str(named),
-            str(target),
-            _Feeds(),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QUInt8,  # asymmetric u8 activations x s8 weights
-            weight_type=QuantType.QInt8,
-            op_types_to_quantize=["MatMul", "Gemm", "Conv"],
-            nodes_to_exclude=keep_float,
-            calibrate_method=CalibrationMethod.MinMax,
-        )
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "CLIP_MEAN",
@@ -18,11 +19,21 @@ __all__ = [
     "OPTIMIZATION_LEVELS",
     "BackendType",
     "DecodeMode",
+    "GraphDtype",
+    "LanguagePrefix",
     "Layout",
     "LoadingMode",
     "ModelIdentity",
+    "OptimizationLevel",
+    "Padding",
+    "Precision",
     "ResizeMode",
+    "SpecialTokens",
+    "TextCleaning",
+    "member_of",
 ]
+
+_E = TypeVar("_E", bound=enum.StrEnum)
 
 #: OpenAI CLIP's normalisation (``clip/clip.py`` ``_transform``).
 CLIP_MEAN: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
@@ -34,8 +45,78 @@ DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
 #: (≈ 0.8 GB as Pillow's 4-byte RGB), or sixteen 12-megapixel photos
 DEFAULT_MAX_PIXELS_IN_FLIGHT = 200_000_000
 
-#: ONNX Runtime graph optimisation levels, by their config names.
-OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
+
+class OptimizationLevel(enum.StrEnum):
+    """ONNX Runtime graph optimisation levels, by their config names."""
+
+    DISABLED = "disabled"
+    BASIC = "basic"
+    EXTENDED = "extended"
+    ALL = "all"
+
+
+#: the level names, in order (kept for callers of the tuple)
+OPTIMIZATION_LEVELS = tuple(level.value for level in OptimizationLevel)
+
+
+class GraphDtype(enum.StrEnum):
+    """``search.graph_dtype``: the vector type of the search graph."""
+
+    F16 = "f16"
+    I8 = "i8"
+    F32 = "f32"
+
+
+class TextCleaning(enum.StrEnum):
+    """How text is cleaned before tokenising: OpenAI's exact ``whitespace_clean(basic_clean(t))
+    .lower()``, open_clip's ``tokenizer_kwargs.clean`` choices (``canonicalize``: SigLIP;
+    ``lower``, ``whitespace``), or none."""
+
+    OPENAI = "openai"
+    CANONICALIZE = "canonicalize"
+    LOWER = "lower"
+    WHITESPACE = "whitespace"
+    NONE = "none"
+
+
+class SpecialTokens(enum.StrEnum):
+    """Who adds the special tokens: this package (CLIP's SOT ... EOT) or the tokenizer's own
+    post-processor (SigLIP's appended EOS, BERT's CLS/SEP, XLM-R's <s></s>)."""
+
+    CLIP = "clip"
+    TOKENIZER = "tokenizer"
+
+
+class Padding(enum.StrEnum):
+    """How a text batch is padded: to its longest row (graphs that take a mask or pool at EOT)
+    or to the full context (graphs that pool the last position: SigLIP)."""
+
+    LONGEST = "longest"
+    MAX_LENGTH = "max_length"
+
+
+class LanguagePrefix(enum.StrEnum):
+    """Language prefixes: Flores-200 codes glued to the text with no space (NLLB-SigLIP)."""
+
+    FLORES200 = "flores200"
+
+
+class Precision(enum.StrEnum):
+    """The exporter's precision variants (``int8-dynamic``: per-batch activation ranges)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+    INT8_DYNAMIC = "int8-dynamic"
+
+
+def member_of(kind: type[_E], value: object) -> _E | None:
+    """``value`` as a member of ``kind``, or None when it names none (Python 3.11's ``in``
+    raises for a non-member)."""
+    try:
+        return kind(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 class BackendType(enum.StrEnum):

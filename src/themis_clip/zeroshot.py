@@ -5,17 +5,28 @@ probabilities of a set of labels sum to one. SigLIP was trained with a sigmoid p
 ``sigmoid(logit_scale * cosine + logit_bias)``: each label has its own probability. Both
 constants come from the checkpoint (the manifest's ``scoring``); a model that does not record
 them is scored as OpenAI CLIP (``logit_scale`` 100, softmax).
+
+:class:`ZeroShot` is the plugin's zero-shot part: ``classify``, ``classify_embedding`` and
+``rank`` over the plugin's own embedding calls, with the label-prompt embedding cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.errors import InputError
+from themis_clip import errors
+from themis_clip.errors import InputError, NotReadyError
+from themis_clip.interface import EmbeddingResult, ImageData
+
+if TYPE_CHECKING:
+    from themis_clip.engine import ClipModel
 
 __all__ = [
     "DEFAULT_LOGIT_SCALE",
@@ -23,8 +34,10 @@ __all__ = [
     "MAX_LABELS",
     "LabelScore",
     "Ranked",
+    "ZeroShot",
     "check_labels",
     "label_prompts",
+    "raised",
     "rank_scores",
     "score_labels",
 ]
@@ -33,6 +46,7 @@ __all__ = [
 DEFAULT_LOGIT_SCALE = 100.0
 DEFAULT_TEMPLATE = "a photo of a {}"
 MAX_LABELS = 1024
+LABEL_CACHE_SIZE = 8192  # label prompt embeddings kept, across models (oldest dropped first)
 
 
 @dataclass(frozen=True)
@@ -112,3 +126,146 @@ def rank_scores(
         Ranked(index=i, cosine=s.cosine, probability=s.probability) for i, s in enumerate(scores)
     ]
     return sorted(ranked, key=lambda r: -r.cosine)
+
+
+def raised(result: EmbeddingResult) -> Exception:
+    """The library exception an ``ok=False`` result stands for (its class, by name)."""
+    cls = getattr(errors, result.error_type or "", None)
+    if isinstance(cls, type) and issubclass(cls, errors.ThemisClipError):
+        return cls(result.error or "failed")
+    return errors.InferenceError(result.error or "failed")
+
+
+class Embedder(Protocol):
+    """The plugin's embedding calls that zero-shot is built on."""
+
+    def generate_embedding(self, image_data: ImageData) -> EmbeddingResult: ...
+
+    def generate_embedding_batch(self, images: Sequence[ImageData]) -> list[EmbeddingResult]: ...
+
+    def generate_text_embedding(
+        self, text: str, language: str | None = None
+    ) -> EmbeddingResult: ...
+
+    def generate_text_embedding_batch(
+        self, texts: Sequence[str], language: str | None = None
+    ) -> list[EmbeddingResult]: ...
+
+
+class ZeroShot:
+    """Zero-shot classification and ranking over an :class:`Embedder`.
+
+    Args:
+        embedder: the plugin whose embedding calls are used.
+        current: the plugin's active model (None when not initialised); its identity keys the
+            label cache and its spec gives the scoring constants.
+    """
+
+    def __init__(self, embedder: Embedder, current: Callable[[], ClipModel | None]) -> None:
+        self._embedder = embedder
+        self._current = current
+        self._cache: OrderedDict[tuple[str, str], npt.NDArray[np.float32]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def classify(
+        self, image_data: ImageData, labels: Sequence[str], *, template: str, max_labels: int
+    ) -> list[LabelScore]:
+        check_labels(labels, template, max_labels)
+        result = self._embedder.generate_embedding(image_data)
+        if not result.ok or result.embedding is None:
+            raise raised(result)
+        return self.classify_embedding(
+            result.embedding, labels, template=template, max_labels=max_labels
+        )
+
+    def classify_embedding(
+        self,
+        embedding: npt.NDArray[np.float32],
+        labels: Sequence[str],
+        *,
+        template: str,
+        max_labels: int,
+    ) -> list[LabelScore]:
+        check_labels(labels, template, max_labels)
+        model = self._model()
+        vectors = self._label_vectors(model, label_prompts(labels, template))
+        vector = np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if vector.shape != (vectors.shape[1],):
+            raise InputError(
+                f"embedding has {vector.size} dimensions, this model's {vectors.shape[1]}"
+            )
+        return score_labels(
+            vector,
+            vectors,
+            labels,
+            logit_scale=model.spec.logit_scale,
+            logit_bias=model.spec.logit_bias,
+        )
+
+    def rank(
+        self,
+        query: ImageData | str,
+        candidates: Sequence[ImageData] | Sequence[str],
+        *,
+        language: str | None,
+        max_candidates: int,
+    ) -> list[Ranked]:
+        items = list(candidates)
+        if not items:
+            raise InputError("candidates: at least one is required")
+        if len(items) > max_candidates:
+            raise InputError(f"candidates: {len(items)} given, at most {max_candidates}")
+        embedder = self._embedder
+        if isinstance(query, str):
+            q = embedder.generate_text_embedding(query, language)
+            found = embedder.generate_embedding_batch(items)
+        else:
+            texts = [c for c in items if isinstance(c, str)]
+            if len(texts) != len(items):
+                bad = next(i for i, c in enumerate(items) if not isinstance(c, str))
+                raise InputError(
+                    f"candidates[{bad}]: an image query ranks texts; give str candidates"
+                )
+            q = embedder.generate_embedding(query)
+            found = embedder.generate_text_embedding_batch(texts, language)
+        vectors: list[npt.NDArray[np.float32]] = []
+        for r in (q, *found):
+            if not r.ok or r.embedding is None:
+                raise raised(r)
+            vectors.append(r.embedding)
+        model = self._model()
+        if {r.model_id for r in (q, *found)} != {model.identity.model_id}:
+            raise NotReadyError("the model was swapped while ranking; retry")
+        return rank_scores(
+            vectors[0],
+            np.stack(vectors[1:]),
+            logit_scale=model.spec.logit_scale,
+            logit_bias=model.spec.logit_bias,
+        )
+
+    def _model(self) -> ClipModel:
+        model = self._current()
+        if model is None:
+            raise NotReadyError("the onnx_clip plugin is not initialised (call initialize())")
+        return model
+
+    def _label_vectors(self, model: ClipModel, prompts: list[str]) -> npt.NDArray[np.float32]:
+        prefix = model.identity.model_id
+        with self._lock:
+            known = {p: self._cache.get((prefix, p)) for p in prompts}
+        missing = [p for p, v in known.items() if v is None]
+        if missing:
+            results = self._embedder.generate_text_embedding_batch(missing)
+            fresh: dict[str, npt.NDArray[np.float32]] = {}
+            for prompt, result in zip(missing, results, strict=True):
+                if not result.ok or result.embedding is None:
+                    raise raised(result)
+                if result.model_id != prefix:
+                    raise NotReadyError("the model was swapped while classifying; retry")
+                fresh[prompt] = known[prompt] = result.embedding
+            with self._lock:
+                for prompt, vector in fresh.items():
+                    self._cache[(prefix, prompt)] = vector
+                while len(self._cache) > LABEL_CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return np.stack([known[p] for p in prompts]).astype(np.float32)  # type: ignore[misc]

@@ -51,10 +51,9 @@ def exported(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 def reference_embeddings(checkpoint: Path, plugin: OnnxClipPlugin) -> tuple[np.ndarray, np.ndarray]:
     model = load_reference(checkpoint)
-    engine = plugin._model
-    assert engine is not None and engine.textual is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
-    rows = engine.textual.tokenizer.encode_batch(TEXTS).rows
+    assert plugin.get_statistics()["text_tower"]
+    pixels = torch.from_numpy(np.stack([plugin.preprocess(i) for i in IMAGES]))
+    rows = plugin.tokenize(TEXTS)
     with torch.no_grad():
         img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
         txt = np.concatenate(

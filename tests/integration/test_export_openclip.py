@@ -155,11 +155,10 @@ def test_open_clip_checkpoint_export_matches_the_reference(
     plugin = OnnxClipPlugin()
     assert plugin.initialize(PluginConfig.from_dict({"model": {"path": str(out)}}))
     images = [photo_like(50 + 10 * i, 40, i) for i in range(4)]
-    engine = plugin._model
-    assert engine is not None and engine.textual is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in images]))
+    assert plugin.get_statistics()["text_tower"]
+    pixels = torch.from_numpy(np.stack([plugin.preprocess(i) for i in images]))
     texts = ["a red circle", "a small blue square on the left", ""]
-    rows = engine.textual.tokenizer.encode_batch(texts).rows
+    rows = plugin.tokenize(texts)
     ids = torch.zeros((len(rows), 77), dtype=torch.int64)  # OpenAI pads with 0 to 77
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(r)

@@ -162,9 +162,8 @@ def test_siglip_export_matches_pytorch(siglip: tuple[Path, Path]) -> None:
     assert manifest["scoring"] == {"logit_scale": pytest.approx(np.exp(2.0)), "logit_bias": -3.0}
     model = load_reference(ckpt)
     p = start(out)
-    engine = p._model
-    assert engine is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    assert p.is_ready()
+    pixels = torch.from_numpy(np.stack([p.preprocess(i) for i in IMAGES]))
     ids = reference_ids(ckpt, TEXTS, 16)
     assert ids[2][-1] == 1 and len(ids[2]) == 16  # truncated, EOS kept last
     with torch.no_grad():
@@ -186,8 +185,7 @@ def test_siglip_export_matches_pytorch(siglip: tuple[Path, Path]) -> None:
         single = p.generate_text_embedding(t).embedding
         assert float(cosines(single[None], ref_txt[i : i + 1])[0]) >= 0.99999
     # The padding rule is what makes it right: pooling an unpadded row gives another vector.
-    tok = engine.textual.tokenizer  # type: ignore[union-attr]
-    unpadded = tok.encode_batch(["a cat"]).rows
+    unpadded = p.tokenize(["a cat"])
     with torch.no_grad():
         trimmed = model.get_text_features(input_ids=torch.tensor(unpadded)).pooler_output.numpy()
         padded = model.get_text_features(
@@ -202,11 +200,10 @@ def test_siglip_zero_shot_is_a_sigmoid_with_the_checkpoints_bias(siglip: tuple[P
     ckpt, out = siglip
     model = load_reference(ckpt)
     p = start(out)
-    engine = p._model
-    assert engine is not None
+    assert p.is_ready()
     labels = ["cat", "dog on a sofa", "red car"]
     prompts = [f"a photo of a {x}" for x in labels]
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    pixels = torch.from_numpy(np.stack([p.preprocess(i) for i in IMAGES]))
     ids = torch.tensor(reference_ids(ckpt, prompts, 16))
     with torch.no_grad():
         expected = torch.sigmoid(model(input_ids=ids, pixel_values=pixels).logits_per_image).numpy()
@@ -282,9 +279,8 @@ def test_language_prefix_is_required_glued_and_reaches_http(
     assert missing.error_type == "TextInputError"
     bad = p.generate_text_embedding("a cat", language="english")
     assert not bad.ok and "not a Flores-200 code" in (bad.error or "")
-    engine = p._model
-    assert engine is not None and engine.textual is not None
-    rows = engine.textual.tokenizer.encode_batch(["A cat!"], "deu_Latn").rows
+    assert p.get_statistics()["text_tower"]
+    rows = p.tokenize(["A cat!"], "deu_Latn")
     plain = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     assert rows[0] == plain.encode("deu_Latn" + open_clip_canonicalize("A cat!")).ids[:16]
     de = p.generate_text_embedding("A cat!", language="deu_Latn").embedding
@@ -446,9 +442,9 @@ def test_masked_text_families_match_pytorch(masked: tuple[str, Path, Path]) -> N
     assert manifest["visual"]["resize_mode"] == expected_mode
     model = load_reference(ckpt)
     p = start(out)
-    engine = p._model
-    assert engine is not None and engine.textual is not None and engine.textual.mask is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    text_input = p.get_statistics()["text_input"]
+    assert text_input is not None and text_input["attention_mask"]
+    pixels = torch.from_numpy(np.stack([p.preprocess(i) for i in IMAGES]))
     # The reference ids: the tokenizer's own rule, padded to the longest row, with its mask.
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     tok.enable_truncation(12)
@@ -507,11 +503,10 @@ def test_dfn_metaclip_style_clip_matches_pytorch(act: str, tmp_path: Path) -> No
     model = load_reference(ckpt)
     assert model.config.vision_config.hidden_act == act
     p = start(out)
-    engine = p._model
-    assert engine is not None and engine.textual is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    assert p.get_statistics()["text_tower"]
+    pixels = torch.from_numpy(np.stack([p.preprocess(i) for i in IMAGES]))
     texts = ["a photo of a cat", "", "green " * 100]
-    rows = engine.textual.tokenizer.encode_batch(texts).rows
+    rows = p.tokenize(texts)
     with torch.no_grad():
         ref_img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
         ref_txt = np.concatenate(
@@ -628,7 +623,7 @@ def test_siglip_in_immich_and_transformers_js_layouts(
             )
         )
         p = start(root)
-        assert p._model is not None and p._model.spec.layout.value == "immich"
+        assert p.model_spec is not None and p.model_spec.layout.value == "immich"
         got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
         assert cosines(got_img, ref_img).min() >= 0.99999
         got = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
@@ -654,7 +649,7 @@ def test_siglip_in_immich_and_transformers_js_layouts(
         json.dumps({"model_type": "siglip", "text_config": {"max_position_embeddings": 16}})
     )
     p = start(root)
-    assert p._model is not None and p._model.spec.image.resize_mode.value == "squash"
+    assert p.model_spec is not None and p.model_spec.image.resize_mode.value == "squash"
     got_img = np.stack([r.embedding for r in p.generate_embedding_batch(IMAGES)])
     got = np.stack([r.embedding for r in p.generate_text_embedding_batch(TEXTS)])
     assert cosines(got_img, ref_img).min() >= 0.99999
@@ -692,9 +687,9 @@ def test_masked_families_in_peers_layouts(masked: tuple[str, Path, Path], tmp_pa
     for f in files:
         shutil.copy(ckpt / f, root / f)
     p = start(root)
-    engine = p._model
-    assert engine is not None and engine.textual is not None and engine.textual.mask is not None
-    assert engine.textual.tokenizer.context_length == 12
+    text_input = p.get_statistics()["text_input"]
+    assert text_input is not None and text_input["attention_mask"]
+    assert text_input["context_length"] == 12
     model = load_reference(ckpt)
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     tok.enable_truncation(12)
@@ -705,7 +700,7 @@ def test_masked_families_in_peers_layouts(masked: tuple[str, Path, Path], tmp_pa
             input_ids=torch.tensor([e.ids for e in enc]),
             attention_mask=torch.tensor([e.attention_mask for e in enc]),
         ).pooler_output.numpy()
-        pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+        pixels = torch.from_numpy(np.stack([p.preprocess(i) for i in IMAGES]))
         ref_img = model.get_image_features(pixel_values=pixels).pooler_output.numpy()
     got = np.stack([r.embedding for r in p.generate_text_embedding_batch(MASKED_TEXTS)])
     assert cosines(got, ref).min() >= 0.99999
@@ -754,9 +749,8 @@ def test_siglip2_fixed_resolution_export_matches_pytorch(tmp_path: Path) -> None
         and manifest["textual"]["clean"] == "lower"
     )
     p = start(out)
-    engine = p._model
-    assert engine is not None
-    chw = np.stack([engine.preprocessor(i) for i in IMAGES])
+    assert p.is_ready()
+    chw = np.stack([p.preprocess(i) for i in IMAGES])
     # The processor's convert_image_to_patches, restated: (C, H, W) -> (rows*cols, p*p*C).
     patches = chw.reshape(3, 3, 4, 8, 4, 8).transpose(0, 2, 4, 3, 5, 1).reshape(3, 16, 192)
     from tokenizers import Tokenizer

@@ -52,10 +52,9 @@ def test_probabilities_equal_pytorch_logits_per_image_softmax(
     scale = float(reference.logit_scale.exp())
     assert manifest["scoring"]["logit_scale"] == pytest.approx(scale)
     assert abs(scale - 100.0) > 1  # a random checkpoint's own scale, not OpenAI's default
-    engine = plugin._model
-    assert engine is not None and engine.textual is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
-    rows = engine.textual.tokenizer.encode_batch([TEMPLATE.format(x) for x in LABELS]).rows
+    assert plugin.get_statistics()["text_tower"]
+    pixels = torch.from_numpy(np.stack([plugin.preprocess(i) for i in IMAGES]))
+    rows = plugin.tokenize([TEMPLATE.format(x) for x in LABELS])
     width = max(len(r) for r in rows)
     ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
@@ -176,11 +175,10 @@ def test_rank_both_ways_equals_pytorch_and_http(
 
     checkpoint, out = model
     reference = load_reference(checkpoint)
-    engine = plugin._model
-    assert engine is not None and engine.textual is not None
-    pixels = torch.from_numpy(np.stack([engine.preprocessor(i) for i in IMAGES]))
+    assert plugin.get_statistics()["text_tower"]
+    pixels = torch.from_numpy(np.stack([plugin.preprocess(i) for i in IMAGES]))
     texts = [TEMPLATE.format(x) for x in LABELS]
-    rows = engine.textual.tokenizer.encode_batch(texts).rows
+    rows = plugin.tokenize(texts)
     width = max(len(r) for r in rows)
     ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])

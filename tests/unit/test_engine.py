@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.helpers import make_plugin, photo_like
+from tests.helpers import SessionRecorder, make_plugin, photo_like
 from themis_clip import ModelConfig, OnnxClipPlugin, PluginConfig
 from themis_clip.engine import l2_normalize
 from themis_clip.export.tiny import (
@@ -113,8 +113,8 @@ def test_trimmed_text_batches_equal_full_padding(
         assert ra.ok and rb.ok
         assert np.abs(ra.embedding - rb.embedding).max() < 1e-6  # type: ignore[operator]
     # The dynamic model really ran trimmed: its session never saw 77 columns for short texts.
-    textual = dynamic._model.textual  # type: ignore[union-attr]
-    assert textual is not None and textual.fixed_length is None
+    assert dynamic.get_statistics()["text_input"]["fixed_length"] is None
+    assert fixed.get_statistics()["text_input"]["fixed_length"] == 77
 
 
 def test_length_sorted_batches_restore_order(tiny_model_dir: Path) -> None:
@@ -166,9 +166,10 @@ def test_dynamic_output_dimension_is_probed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fault", ["wide", "nan"])
 def test_health_check_verifies_shape_and_finiteness(tiny_model_dir: Path, fault: str) -> None:
-    plugin = make_plugin(tiny_model_dir)
+    sessions = SessionRecorder()
+    plugin = make_plugin(tiny_model_dir, session_factory=sessions)
     assert plugin.health_check() is True
-    session = plugin._model.visual.session  # type: ignore[union-attr]
+    session = sessions.last("visual")
     real_run = session.run
 
     def faulty_run(names, feeds):  # type: ignore[no-untyped-def]

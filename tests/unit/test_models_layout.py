@@ -113,3 +113,26 @@ def test_single_file_identity_uses_injected_hash(tiny_model_dir: Path) -> None:
     spec = resolve_model(tiny_model_dir / "visual.onnx")
     assert model_identity_digest(spec, "AB" * 32, fake_hash) == "ab" * 32
     assert seen == [tiny_model_dir / "visual.onnx"]
+
+
+@pytest.mark.parametrize(
+    "text", ['{"a": NaN}', '{"a": Infinity}', '{"a": 1, "a": 2}', "{", b"\xff\xfe"]
+)
+def test_every_json_file_read_is_strict(tmp_path: Path, text: str | bytes) -> None:
+    from themis_clip import jsonio
+    from themis_clip.preprocess.text import pad_id_from_config
+
+    path = tmp_path / "side.json"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    with pytest.raises(ValueError, match="side.json: not valid JSON"):
+        jsonio.read(path)
+    # A tokenizer_config.json that is not strict JSON declares no pad token: OpenAI's 0.
+    path.write_bytes(b'{"pad_token": "a", "pad_token": "b"}')
+
+    class Vocab:
+        def token_to_id(self, token: str) -> int:
+            return {"a": 7, "b": 8}[token]
+
+    assert pad_id_from_config(path, Vocab()) == 0
+    path.write_bytes(b'{"pad_token": "b"}')
+    assert pad_id_from_config(path, Vocab()) == 8

@@ -93,7 +93,7 @@ def test_immich_layout(immich: Path) -> None:
     p = start(immich)
     stats = p.get_statistics()
     assert stats["image_size"] == 48 and stats["embedding_dim"] == 32 and stats["text_tower"]
-    assert p._model.spec.layout == "immich"  # type: ignore[union-attr]
+    assert p.model_spec is not None and p.model_spec.layout == "immich"
     # Preprocessing comes from preprocess_cfg.json: squash to 48, mean = std = 0.5.
     pixels = preprocess_image(
         IMAGE, image_size=48, mean=(0.5,) * 3, std=(0.5,) * 3, resize_mode="squash"
@@ -149,7 +149,8 @@ def xenova(tmp_path: Path, tiny_model_dir: Path) -> Path:
 
 def test_transformers_js_layout_and_variants(xenova: Path) -> None:
     p = start(xenova)
-    spec = p._model.spec  # type: ignore[union-attr]
+    spec = p.model_spec
+    assert spec is not None
     assert spec.layout == "transformers.js" and spec.image.interpolation == "bilinear"
     from themis_clip.models.spec import ImageSpec
     from themis_clip.preprocess.image import ImagePreprocessor
@@ -162,8 +163,9 @@ def test_transformers_js_layout_and_variants(xenova: Path) -> None:
     assert r.ok and np.abs(r.embedding - expected[0]).max() < 1e-5  # type: ignore[operator]
     assert p.generate_text_embedding(TEXT).ok
     q = start(xenova, variant="quantized")
-    assert q._model.spec.visual_path.name == "vision_model_quantized.onnx"  # type: ignore[union-attr]
-    assert q._model.spec.textual_path.name == "text_model_quantized.onnx"  # type: ignore[union-attr]
+    assert q.model_spec is not None
+    assert q.model_spec.visual_path.name == "vision_model_quantized.onnx"
+    assert q.model_spec.textual_path.name == "text_model_quantized.onnx"
     assert not np.allclose(q.generate_embedding(IMAGE).embedding, r.embedding)  # type: ignore[arg-type]
     bad = OnnxClipPlugin()
     assert not bad.initialize(
@@ -184,7 +186,8 @@ def test_clip_as_service_layout(tmp_path: Path, tiny_model_dir: Path) -> None:
     )
     # clip-as-service ships its tokenizer outside the model folder: image-only unless configured.
     p = start(root)
-    assert p._model.spec.layout == "clip-as-service" and p.get_statistics()["text_tower"] is False  # type: ignore[union-attr]
+    assert p.model_spec is not None
+    assert p.model_spec.layout == "clip-as-service" and p.get_statistics()["text_tower"] is False
     assert p.generate_embedding(IMAGE).ok
     assert "no text tower" in (p.generate_text_embedding(TEXT).error or "")
     q = start(root, tokenizer_path=str(tiny_model_dir / "tokenizer.json"))

@@ -4,12 +4,13 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import encode, make_plugin, photo_like
+from tests.helpers import SessionRecorder, encode, make_plugin, photo_like
 from themis_clip import (
     BackendType,
     EmbeddingResult,
@@ -234,29 +235,30 @@ def test_no_exception_escapes_for_any_input(plugin: OnnxClipPlugin) -> None:
 
 @pytest.mark.parametrize(("ahead", "queued_at_first_run"), [(0, 4), (1, 8), (3, 13)])
 def test_prefetch_depth_decodes_that_many_batches_ahead(
-    tiny_model_dir: Path, ahead: int, queued_at_first_run: int
+    tiny_model_dir: Path, ahead: int, queued_at_first_run: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    plugin = make_plugin(tiny_model_dir, max_batch_size=4, prefetch_batches=ahead)
+    sessions = SessionRecorder()
+    plugin = make_plugin(
+        tiny_model_dir, session_factory=sessions, max_batch_size=4, prefetch_batches=ahead
+    )
     images: list[object] = [photo_like(40 + i, 30, i) for i in range(13)]
     images[5] = b"not an image"
     reference = [r.embedding for r in make_plugin(tiny_model_dir).generate_embedding_batch(images)]
-    model = plugin._model
-    executor = plugin._executor
-    assert model is not None and executor is not None
+    session = sessions.last("visual")
     submitted: list[int] = []
     seen_at_run: list[int] = []
-    real_submit, real_embed = executor.submit, model.embed_pixels
+    real_submit, real_run = ThreadPoolExecutor.submit, session.run
 
-    def counting_submit(*a: object, **kw: object) -> object:
-        submitted.append(1)
-        return real_submit(*a, **kw)  # type: ignore[arg-type]
+    def counting_submit(self: ThreadPoolExecutor, *a: Any, **kw: Any) -> Any:
+        submitted.append(1)  # only the plugin's decode pool submits during the call below
+        return real_submit(self, *a, **kw)
 
-    def recording_embed(pixels: object) -> object:
+    def recording_run(names: Any, feeds: Any) -> Any:
         seen_at_run.append(len(submitted))
-        return real_embed(pixels)  # type: ignore[arg-type]
+        return real_run(names, feeds)
 
-    executor.submit = counting_submit  # type: ignore[method-assign]
-    model.embed_pixels = recording_embed  # type: ignore[method-assign]
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", counting_submit)
+    session.run = recording_run  # type: ignore[method-assign]
     results = plugin.generate_embedding_batch(images)
     assert seen_at_run[0] == queued_at_first_run  # decoding ran that far ahead of the session
     assert len(seen_at_run) == 4 and len(submitted) == 13
@@ -264,3 +266,15 @@ def test_prefetch_depth_decodes_that_many_batches_ahead(
     for i, r in enumerate(results):
         if i != 5:
             assert r.ok and np.allclose(r.embedding, reference[i], atol=1e-6)
+
+
+def test_model_spec_and_text_input_describe_the_loaded_model(tiny_model_dir: Path) -> None:
+    plugin = make_plugin(tiny_model_dir)
+    spec = plugin.model_spec
+    assert spec is not None and spec.visual_path.name == "visual.onnx"
+    assert spec.image.image_size == plugin.get_statistics()["image_size"]
+    text_input = plugin.get_statistics()["text_input"]
+    assert text_input["context_length"] == len(plugin.tokenize(["word " * 500])[0])
+    assert text_input["attention_mask"] is False  # the tiny CLIP text tower takes ids only
+    plugin.shutdown()
+    assert plugin.model_spec is None and plugin.get_statistics()["text_input"] is None

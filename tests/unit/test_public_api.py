@@ -53,6 +53,10 @@ def test_seed_method_names_exist() -> None:
         "reload_model",
     ):
         assert callable(getattr(plugin, name))
+    # the model-only accessors beside the seed's calls (tests and tools read these, not internals)
+    for name in ("preprocess", "tokenize", "embed_pixels", "embed_tokens", "classify", "rank"):
+        assert callable(getattr(plugin, name))
+    assert plugin.model_spec is None and plugin.model_identity is None  # nothing loaded yet
     info = plugin.get_info()
     assert info.name == "onnx_clip"
     assert info.version == themis_clip.__version__

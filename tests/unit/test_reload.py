@@ -33,6 +33,7 @@ class Gate:
         self.entered = threading.Event()
         self._release = threading.Event()
         self._lock = threading.Lock()
+        self.sessions: list[ORTSession] = []
 
     def arm(self) -> None:
         self._armed = True
@@ -44,6 +45,7 @@ class Gate:
 
     def factory(self, path: Path, plan: Any, settings: Any, **kw: Any) -> ORTSession:
         session = create_session(path, plan, settings, **kw)
+        self.sessions.append(session)
         real = session.run
 
         def run(names: Any, feeds: Any) -> Any:
@@ -229,7 +231,8 @@ def test_hs06_drain_waits_and_new_requests_go_to_the_new_model(
 def test_hs07_drain_timeout(tiny_model_dir: Path, tiny_model_dir_b: Path, gate: Gate) -> None:
     plugin = OnnxClipPlugin(session_factory=gate.factory)
     assert plugin.initialize(config(tiny_model_dir))
-    old_model = plugin._model
+    old_sessions = list(gate.sessions)  # the old model's towers; closed means released
+    assert old_sessions and all(s.session is not None for s in old_sessions)
     gate.arm()
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(plugin.generate_embedding, IMAGES[2])
@@ -240,12 +243,11 @@ def test_hs07_drain_timeout(tiny_model_dir: Path, tiny_model_dir_b: Path, gate: 
         )
         assert 0.15 < time.monotonic() - t0 < 5
         assert plugin.get_statistics()["drain_timeouts"] == 1
-        assert (
-            old_model is not None and not old_model.closed
-        )  # never closed under a running request
+        # never closed under a running request
+        assert all(s.session is not None for s in old_sessions)
         gate.open()
         assert held.result(10).ok
-    assert old_model.closed  # released by its last request
+    assert all(s.session is None for s in old_sessions)  # released by its last request
     plugin.shutdown()
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.errors import ThemisClipError
 from themis_clip.index.tuning import GraphSettings
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
@@ -18,7 +19,7 @@ from themis_clip.vocabulary import ModelIdentity
 DEFAULT_INDEX = "themis-index.db"
 
 
-class CLIError(Exception):
+class CLIError(ThemisClipError):
     """A usage or set-up problem: message to stderr, exit code 2."""
 
 

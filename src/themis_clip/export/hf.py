@@ -22,7 +22,6 @@ Needs the ``[export]`` extra (torch, transformers, onnx, onnxscript); the core n
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import tempfile
@@ -36,10 +35,15 @@ from typing import Any
 import onnx
 import torch
 
+import themis_clip.jsonio as jsonio
+from themis_clip.errors import ExportError
+from themis_clip.export.wrappers import MaskedTextual, Textual, visual_module
+from themis_clip.models.families import FAMILIES as MODEL_FAMILIES
+from themis_clip.models.families import Family, VisualInput
 from themis_clip.models.layout import write_manifest
 from themis_clip.models.peers import HF_RESAMPLE
 from themis_clip.preprocess.text import pad_id_from_config
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
+from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Padding, Precision, member_of
 
 __all__ = [
     "FAMILIES",
@@ -54,7 +58,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16", "int8", "int8-dynamic")
+PRECISIONS = tuple(p.value for p in Precision)
 TWO_GB = 2 * 1024**3
 _OPSET = 18
 
@@ -69,121 +73,19 @@ class ExportReport:
     seconds: dict[str, float] = field(default_factory=dict)  # step → seconds
 
 
-class _Visual(torch.nn.Module):
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        out = self.model.get_image_features(pixel_values=pixel_values)
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-class _Textual(torch.nn.Module):
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # CLIP's text tower is causal and pools at EOT: trailing padding needs no mask.
-        out = self.model.get_text_features(input_ids=input_ids)
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-class _Siglip2Visual(torch.nn.Module):
-    """SigLIP 2 at a fixed resolution: ``pixel_values [N,3,S,S]`` cut into the patches the NaFlex
-    vision tower takes (the processor's ``convert_image_to_patches`` order), all valid."""
-
-    def __init__(self, model: Any, patch: int) -> None:
-        super().__init__()
-        self.model, self.patch = model, patch
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = pixel_values.shape
-        p = self.patch
-        rows, cols = h // p, w // p
-        patches = (
-            pixel_values.reshape(n, c, rows, p, cols, p)
-            .permute(0, 2, 4, 3, 5, 1)
-            .reshape(n, rows * cols, p * p * c)
-        )
-        mask = torch.ones(n, rows * cols, dtype=torch.int64)
-        shapes = torch.tensor([[rows, cols]], dtype=torch.int64).expand(n, 2)
-        out = self.model.get_image_features(
-            pixel_values=patches, pixel_attention_mask=mask, spatial_shapes=shapes
-        )
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-class _MaskedTextual(torch.nn.Module):
-    """Text towers that take an attention mask (BERT, XLM-R: bidirectional, masked pooling)."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.model.get_text_features(input_ids=input_ids, attention_mask=attention_mask)
-        return out if torch.is_tensor(out) else out.pooler_output
-
-
-#: ``config.json`` ``model_type`` → (transformers class, what the manifest's ``textual`` adds)
-FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
-    "clip": ("CLIPModel", {}),
-    # SigLIP pools the last position: padded to the full context with the pad id, no mask,
-    # EOS appended by its SentencePiece tokenizer, open_clip's canonicalize cleaning.
-    "siglip": (
-        "SiglipModel",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "max_length",
-            "attention_mask": False,
-            "clean": "canonicalize",
-        },
-    ),
-    # SigLIP 2 at a fixed resolution (the NaFlex tower fed S x S squashed images): SigLIP's text
-    # rule with its Gemma tokenizer on lower-cased text.
-    "siglip2": (
-        "Siglip2Model",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "max_length",
-            "attention_mask": False,
-            "clean": "lower",
-        },
-    ),
-    # BERT (Chinese-CLIP) and XLM-R (AltCLIP) text towers: bidirectional, so the mask is an
-    # input; their tokenizer.json adds [CLS]/[SEP] or <s></s> and normalises text itself.
-    "chinese_clip": (
-        "ChineseCLIPModel",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "longest",
-            "attention_mask": True,
-            "clean": "none",
-        },
-    ),
-    "altclip": (
-        "AltCLIPModel",
-        {
-            "special_tokens": "tokenizer",
-            "padding": "longest",
-            "attention_mask": True,
-            "clean": "none",
-        },
-    ),
-}
+#: the exporter's view of the family table (:mod:`themis_clip.models.families`), by model_type
+FAMILIES = MODEL_FAMILIES
 
 
 def family_of(checkpoint: Path) -> str:
     """The checkpoint's family (``config.json`` ``model_type``), refused if not exportable."""
     path = checkpoint / "config.json"
     try:
-        kind = json.loads(path.read_text("utf-8")).get("model_type")
+        kind = jsonio.read(path).get("model_type")
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the checkpoint's config ({exc})") from exc
+        raise ExportError(f"{path}: cannot read the checkpoint's config ({exc})") from exc
     if kind not in FAMILIES:
-        raise ValueError(
+        raise ExportError(
             f"{path}: model_type {kind!r} cannot be exported; supported: {', '.join(FAMILIES)}"
         )
     return str(kind)
@@ -201,21 +103,18 @@ def reference_features(
     """PyTorch's image and text features (not normalised) for our preprocessed ``pixels`` and
     token ``rows``, fed the way the family was trained: SigLIP padded to the full context,
     BERT/XLM-R towers with their attention mask, SigLIP 2 cut into patches."""
-    fields = FAMILIES[family][1]
-    if family == "siglip2":
-        image = _Siglip2Visual(model, int(model.config.vision_config.patch_size))(pixels)
-    else:
-        image = _Visual(model)(pixels)
+    fam = FAMILIES[family]
+    image = visual_module(model, fam)(pixels)
     texts = []
     for row in rows:
         ids = list(row)
-        if fields.get("padding") == "max_length":
+        if fam.text.padding is Padding.MAX_LENGTH:
             ids += [pad_id] * (context_length - len(ids))
         tensor = torch.tensor([ids])
-        if fields.get("attention_mask"):
-            texts.append(_MaskedTextual(model)(tensor, torch.ones_like(tensor)))
+        if fam.text.attention_mask:
+            texts.append(MaskedTextual(model)(tensor, torch.ones_like(tensor)))
         else:
-            texts.append(_Textual(model)(tensor))
+            texts.append(Textual(model)(tensor))
     return image, torch.cat(texts)
 
 
@@ -224,7 +123,7 @@ def load_reference(checkpoint: Path) -> Any:
     ``CLIPModel`` or ``SiglipModel``, by ``config.json``'s ``model_type``."""
     import transformers
 
-    cls = getattr(transformers, FAMILIES[family_of(checkpoint)][0])
+    cls = getattr(transformers, FAMILIES[family_of(checkpoint)].hf_class)
     return cls.from_pretrained(str(checkpoint), local_files_only=True).eval()
 
 
@@ -244,36 +143,36 @@ def export_hf_checkpoint(
     ``calibration`` (or a built-in synthetic set, with a warning); ``int8-dynamic`` is ONNX
     Runtime's dynamic quantisation, whose outputs depend on the batch.
     """
-    unknown = set(precisions) - set(PRECISIONS)
-    if unknown or "fp32" not in precisions:
-        raise ValueError(
+    chosen = [member_of(Precision, p) for p in precisions]
+    if None in chosen or Precision.FP32 not in chosen:
+        raise ExportError(
             f"precisions must include fp32 and be among {PRECISIONS}; got {list(precisions)}"
         )
+    wanted = [p for p in chosen if p is not None]
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     family = family_of(checkpoint)
-    text_fields = FAMILIES[family][1]
+    fam = FAMILIES[family]
     model = load_reference(checkpoint)
     cfg = model.config
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_file, pad_id = _tokenizer(checkpoint, out_dir)
-    if family == "siglip2":  # fixed resolution: the tower's patch budget as a square
+    if fam.visual is VisualInput.PATCHES:  # fixed resolution: the patch budget as a square
         patch = int(cfg.vision_config.patch_size)
         side = round(int(cfg.vision_config.num_patches) ** 0.5) * patch
         pre = _preprocessing(checkpoint, side) | {"image_size": side, "resize_mode": "squash"}
-        visual_module: torch.nn.Module = _Siglip2Visual(model, patch)
     else:
         pre = _preprocessing(checkpoint, cfg.vision_config.image_size)
-        visual_module = _Visual(model)
+    visual = visual_module(model, fam)
     timings["load_s"] = time.perf_counter() - t0
     size = pre["image_size"]
-    ctx = _context_length(checkpoint, cfg, family)
-    masked = bool(text_fields.get("attention_mask"))
-    with torch.no_grad(), warnings.catch_warnings(), _exportable(family):
+    ctx = _context_length(checkpoint, cfg, fam)
+    masked = bool(fam.text.attention_mask)
+    with torch.no_grad(), warnings.catch_warnings(), _exportable(fam):
         warnings.simplefilter("ignore")
         t0 = time.perf_counter()
         _export(
-            visual_module,
+            visual,
             (torch.zeros(2, 3, size, size),),
             ["pixel_values"],
             "image_embeds",
@@ -288,7 +187,7 @@ def export_hf_checkpoint(
         axes = {0: batch, 1: sequence}
         if masked:
             _export(
-                _MaskedTextual(model),
+                MaskedTextual(model),
                 (ids, torch.ones_like(ids)),
                 ["input_ids", "attention_mask"],
                 "text_embeds",
@@ -298,7 +197,7 @@ def export_hf_checkpoint(
             )
         else:
             _export(
-                _Textual(model),
+                Textual(model),
                 (ids,),
                 ["input_ids"],
                 "text_embeds",
@@ -308,8 +207,8 @@ def export_hf_checkpoint(
             )
         timings["textual_s"] = time.perf_counter() - t0
     variants: dict[str, dict[str, str]] = {}
-    for precision in precisions:
-        if precision in ("fp32", "int8"):  # int8 is calibrated on the finished fp32 model below
+    for precision in wanted:
+        if precision in (Precision.FP32, Precision.INT8):  # int8: calibrated on fp32, below
             continue
         t0 = time.perf_counter()
         variants[precision] = {}
@@ -319,7 +218,7 @@ def export_hf_checkpoint(
             variants[precision][tower] = target.name
         timings[f"{precision}_s"] = time.perf_counter() - t0
     with torch.no_grad():  # the image tower's output width (CLIP's projection_dim, SigLIP's hidden)
-        dim = int(visual_module(torch.zeros(1, 3, size, size)).shape[-1])
+        dim = int(visual(torch.zeros(1, 3, size, size)).shape[-1])
     model_name = name or checkpoint.name
     write_manifest(
         out_dir,
@@ -332,7 +231,7 @@ def export_hf_checkpoint(
             "tokenizer": tok_file.name,
             "context_length": ctx,
             "pad_id": pad_id,
-            **text_fields,
+            **fam.manifest_text,
         },
         variants=variants,
         extra={
@@ -344,7 +243,7 @@ def export_hf_checkpoint(
             **(extra_manifest or {}),
         },
     )
-    if "int8" in precisions:
+    if Precision.INT8 in wanted:
         from themis_clip.export.quantize import add_int8_variant
 
         t0 = time.perf_counter()
@@ -405,12 +304,12 @@ def _save(model: onnx.ModelProto, target: Path, threshold: int) -> None:
         onnx.save_model(model, str(target))
 
 
-def _convert(source: Path, target: Path, precision: str, threshold: int) -> None:
-    from themis_clip.runtime import quantize_int8_dynamic, to_float16
+def _convert(source: Path, target: Path, precision: Precision, threshold: int) -> None:
+    from themis_clip.export.precision import quantize_int8_dynamic, to_float16
 
-    if precision == "fp16":
+    if precision is Precision.FP16:
         _save(to_float16(onnx.load(str(source))), target, threshold)
-    elif precision == "int8-dynamic":
+    elif precision is Precision.INT8_DYNAMIC:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "q.onnx"
             quantize_int8_dynamic(source, out)
@@ -418,10 +317,10 @@ def _convert(source: Path, target: Path, precision: str, threshold: int) -> None
 
 
 @contextlib.contextmanager
-def _exportable(family: str) -> Iterator[None]:
+def _exportable(fam: Family) -> Iterator[None]:
     """SigLIP 2's runtime shape checks (``torch_compilable_check``, an all-true reduction that
     ONNX has no operator for) are off while exporting: at a fixed resolution they always hold."""
-    if family != "siglip2":
+    if fam.visual is not VisualInput.PATCHES:
         yield
         return
     from transformers.models.siglip2 import modeling_siglip2
@@ -435,18 +334,14 @@ def _exportable(family: str) -> Iterator[None]:
         setattr(modeling_siglip2, name, saved)
 
 
-def _context_length(checkpoint: Path, cfg: Any, family: str) -> int:
+def _context_length(checkpoint: Path, cfg: Any, fam: Family) -> int:
     """The text context: CLIP's and SigLIP's position table; for BERT/XLM-R towers (512
     positions) the tokenizer's ``model_max_length`` (Chinese-CLIP: 52), within the table."""
-    positions = int(cfg.text_config.max_position_embeddings)
-    if family in ("clip", "siglip", "siglip2"):
+    positions = int(cfg.text_config.max_position_embeddings) - fam.position_offset
+    if not fam.context_from_tokenizer:
         return positions
-    if family == "altclip":
-        positions -= 2  # RoBERTa's positions start after the padding index
     path = checkpoint / "tokenizer_config.json"
-    declared = (
-        json.loads(path.read_text("utf-8")).get("model_max_length") if path.is_file() else None
-    )
+    declared = _read_json(path).get("model_max_length") if path.is_file() else None
     if isinstance(declared, int) and 2 <= declared <= positions:
         return declared
     return positions
@@ -464,15 +359,26 @@ def _tokenizer(checkpoint: Path, out_dir: Path) -> tuple[Path, int]:
                 tmp
             )
             shutil.copy(Path(tmp) / "tokenizer.json", target)
-    from tokenizers import Tokenizer
+    from themis_clip.export.tokenizer import read_tokenizer
 
-    tok = Tokenizer.from_file(str(target))
+    tok = read_tokenizer(target)
     return target, pad_id_from_config(checkpoint / "tokenizer_config.json", tok)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint's JSON side file, strict; ExportError naming it when unreadable."""
+    try:
+        data = jsonio.read(path)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path}: cannot read ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ExportError(f"{path}: must hold a JSON object")
+    return data
 
 
 def _preprocessing(checkpoint: Path, default_size: int) -> dict[str, Any]:
     path = checkpoint / "preprocessor_config.json"
-    pre = json.loads(path.read_text("utf-8")) if path.is_file() else {}
+    pre = _read_json(path) if path.is_file() else {}
     size: Any = pre.get("size")
     # A processor that resizes to height x width and never crops squashes (SigLIP, Chinese-CLIP
     # as OFA-Sys ships it); CLIP resizes the shortest edge, then centre-crops.
@@ -529,10 +435,11 @@ def create_random_checkpoint(
 
     The architecture is CLIP's (quick_gelu, pre-LN); pass ViT-B/32 sizes for a benchmark model.
     """
-    from tokenizers import Tokenizer
     from transformers import CLIPConfig, CLIPModel, PreTrainedTokenizerFast
 
-    tok = Tokenizer.from_file(str(tokenizer_json))
+    from themis_clip.export.tokenizer import read_tokenizer
+
+    tok = read_tokenizer(tokenizer_json)
     sot, eot = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
     cfg = CLIPConfig(
         text_config={

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from themis_clip.errors import ExportError
+
 __all__ = ["OPEN_CLIP_ARCHITECTURES", "hf_state_dict", "load_openclip_as_hf", "to_hf_checkpoint"]
 
 #: Architectures this converter knows (ViT towers); the ``-quickgelu`` ones use QuickGELU.
@@ -42,7 +44,7 @@ OPEN_CLIP_ARCHITECTURES = (
 def _activation(architecture: str) -> str:
     if architecture not in OPEN_CLIP_ARCHITECTURES:
         known = ", ".join(OPEN_CLIP_ARCHITECTURES)
-        raise ValueError(
+        raise ExportError(
             f"unknown open_clip architecture {architecture!r} (ViT towers only): {known}"
         )
     return (
@@ -58,7 +60,7 @@ def _load_state_dict(checkpoint: Path) -> dict[str, torch.Tensor]:
     if isinstance(obj, dict) and "state_dict" in obj:
         obj = obj["state_dict"]
     if not isinstance(obj, dict):
-        raise ValueError(f"{checkpoint} holds no state dict")
+        raise ExportError(f"{checkpoint} holds no state dict")
     return {re.sub(r"^module\.", "", k): v for k, v in obj.items()}
 
 
@@ -70,7 +72,7 @@ def _layers(sd: dict[str, torch.Tensor], prefix: str) -> int:
 def hf_config(sd: dict[str, torch.Tensor], activation: str) -> dict[str, Any]:
     """transformers ``CLIPConfig`` keyword arguments read off the state dict's shapes."""
     if "visual.conv1.weight" not in sd or "visual.proj" not in sd:
-        raise ValueError(
+        raise ExportError(
             "not an OpenAI-architecture ViT CLIP state dict (no visual.conv1 / visual.proj); "
             "ModifiedResNet towers are not supported"
         )
@@ -160,7 +162,7 @@ def load_openclip_as_hf(checkpoint: Path, architecture: str) -> Any:
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if not m.endswith("position_ids")]
     if missing or unexpected:
-        raise ValueError(
+        raise ExportError(
             f"checkpoint does not fit the architecture: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
@@ -177,23 +179,18 @@ def to_hf_checkpoint(
     """
     import shutil
 
-    from tokenizers import Tokenizer
-
     from themis_clip.export.hf import save_image_processor
-    from themis_clip.export.tokenizer import openai_bpe_tokenizer
+    from themis_clip.export.tokenizer import openai_bpe_tokenizer, read_tokenizer
 
     model = load_openclip_as_hf(checkpoint, architecture)
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer_json.suffix == ".json":
-        try:
-            size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size()
-        except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
-            raise ValueError(f"{tokenizer_json} is not a tokenizer.json: {exc}") from exc
+        size = read_tokenizer(tokenizer_json).get_vocab_size()
         shutil.copy(tokenizer_json, out_dir / "tokenizer.json")
     else:  # OpenAI's merges file (bpe_simple_vocab_16e6.txt.gz), as the clip packages ship it
         size = openai_bpe_tokenizer(tokenizer_json, out_dir / "tokenizer.json").get_vocab_size()
     if size > model.config.text_config.vocab_size:
-        raise ValueError(
+        raise ExportError(
             f"tokenizer {tokenizer_json.name} has {size} tokens but the checkpoint's token "
             f"embedding has {model.config.text_config.vocab_size} rows"
         )

@@ -1,8 +1,8 @@
 """Batch-independent int8 variants of a model directory, calibrated once.
 
 ``add_int8_variant(model_dir)`` quantises the fp32 towers with ONNX Runtime's static
-quantisation (:func:`themis_clip.runtime.quantize_int8_static`) and records the variant in the
-manifest. Calibration: image tensors made by the model's own preprocessing from the images in
+quantisation (:func:`themis_clip.export.precision.quantize_int8_static`) and records the variant
+in the manifest. Calibration: image tensors made by the model's own preprocessing from the images in
 ``calibration`` (a folder, searched recursively), or, without one, from a built-in synthetic set
 (procedural photo-like images and rendered shape scenes, with a warning: ranges fitted to
 synthetic images are a compromise for real photos; pass ~100 representative images); captions
@@ -12,7 +12,6 @@ quantisation instead (``int8-dynamic``: per-batch activation ranges, batch-depen
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import themis_clip.jsonio as jsonio
 from themis_clip.config import PluginConfig
+from themis_clip.errors import ExportError, ModelError
+from themis_clip.export.precision import quantize_int8_dynamic, quantize_int8_static
 from themis_clip.files import walk_images
 from themis_clip.models.layout import MANIFEST_NAME, write_manifest
 from themis_clip.plugin import OnnxClipPlugin
-from themis_clip.runtime import quantize_int8_dynamic, quantize_int8_static
 
 __all__ = ["CALIBRATION_CAPTIONS", "add_int8_variant", "calibration_images"]
 
@@ -109,7 +110,7 @@ def add_int8_variant(
         ModelError: the model directory cannot be loaded.
     """
     manifest_path = model_dir / MANIFEST_NAME
-    manifest: dict[str, Any] = json.loads(manifest_path.read_text("utf-8"))
+    manifest: dict[str, Any] = jsonio.read(manifest_path)
     name = "int8-dynamic" if dynamic else "int8"
     towers = {"visual": manifest["visual"]["file"]}
     if manifest.get("textual"):
@@ -162,12 +163,12 @@ def _feeds(
 
     plugin = OnnxClipPlugin()
     if not plugin.initialize(PluginConfig.from_dict({"model": {"path": str(model_dir)}})):
-        raise RuntimeError(f"cannot load {model_dir} to calibrate: {plugin.last_error}")
+        raise ModelError(f"cannot load {model_dir} to calibrate: {plugin.last_error}")
     try:
         if calibration is not None:
             paths = walk_images(calibration)
             if not paths:
-                raise ValueError(f"no images under {calibration} to calibrate on")
+                raise ExportError(f"no images under {calibration} to calibrate on")
             images: list[Any] = list(paths)
             described = f"{len(paths)} images from {calibration.name}"
         else:
@@ -185,7 +186,7 @@ def _feeds(
             except Exception as exc:  # an unreadable calibration file is skipped, not fatal
                 log.warning("calibration image skipped: %s", exc)
         if not pixels:
-            raise ValueError("no calibration image could be decoded")
+            raise ExportError("no calibration image could be decoded")
         if len(pixels) < len(images):  # the manifest must say what was really used
             described += f" ({len(images) - len(pixels)} unreadable, skipped)"
         inputs = {

@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from themis_clip.errors import ExportError
+
 __all__ = ["TextTowerSpec", "VisionTowerSpec", "build_text_tower", "build_vision_tower"]
 
 _OPSET = 17
@@ -223,7 +225,7 @@ def build_model_dir(
     tok = build_clip_tokenizer(root / "tokenizer.json")
     eot = tok.token_to_id("<|endoftext|>")
     if eot is None:
-        raise RuntimeError("tokenizer lacks <|endoftext|>")
+        raise ExportError("tokenizer lacks <|endoftext|>")
     build_vision_tower(
         VisionTowerSpec(image_size=image_size, patch=patch, width=width, dim=dim, seed=seed),
         root / "visual.onnx",

@@ -6,6 +6,9 @@ Same pipeline as the Hugging Face CLIP tokenizer file: NFC, whitespace collapse,
 CLIP's split pattern, byte-level pre-tokenisation, ``</w>`` end-of-word suffix; the special
 tokens ``<|startoftext|>`` and ``<|endoftext|>`` appended after the vocabulary (as in CLIP,
 where they are the two highest ids).
+
+The exporter's one home of ``tokenizers`` (the core's is :mod:`themis_clip.preprocess.text`):
+the other export modules read tokenizer files through :func:`read_tokenizer`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from themis_clip.errors import ExportError
 from themis_clip.preprocess.text import EOT_TOKEN, SOT_TOKEN
 
 __all__ = [
@@ -27,6 +31,7 @@ __all__ = [
     "bytes_to_unicode",
     "default_corpus",
     "openai_bpe_tokenizer",
+    "read_tokenizer",
 ]
 
 #: Vocabulary size of OpenAI's CLIP tokenizer: 256 bytes twice, 48,894 merges, 2 specials.
@@ -160,17 +165,17 @@ def openai_bpe_tokenizer(
             raw = gzip.decompress(raw)
         lines = raw.decode("utf-8").split("\n")[1:]
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{bpe_path}: not a gzip or UTF-8 BPE merges file: {exc}") from exc
+        raise ExportError(f"{bpe_path}: not a gzip or UTF-8 BPE merges file: {exc}") from exc
     merges: list[tuple[str, str]] = []
     for number, line in enumerate(lines[: vocab_size - 514], start=2):
         if not line:
             continue
         parts = line.split()
         if len(parts) != 2:
-            raise ValueError(f"{bpe_path}: line {number} is not a merge pair: {line[:60]!r}")
+            raise ExportError(f"{bpe_path}: line {number} is not a merge pair: {line[:60]!r}")
         merges.append((parts[0], parts[1]))
     if not merges:
-        raise ValueError(f"{bpe_path}: no merges found")
+        raise ExportError(f"{bpe_path}: no merges found")
     alphabet = list(bytes_to_unicode().values())
     tokens = [
         *alphabet,
@@ -236,3 +241,15 @@ def _assemble(vocab: dict[str, int], merges: list[tuple[str, str]], path: Path |
         path.parent.mkdir(parents=True, exist_ok=True)
         tok.save(str(path))
     return tok
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    """The ``tokenizer.json`` at ``path``.
+
+    Raises:
+        ExportError: the file is missing or not a tokenizer file.
+    """
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for unreadable files
+        raise ExportError(f"{path} is not a tokenizer.json: {exc}") from exc

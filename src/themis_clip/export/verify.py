@@ -8,15 +8,16 @@ exported graph. Thresholds: cosine ≥ 0.99999 (fp32), ≥ 0.999 (fp16), ≥ 0.9
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import themis_clip.jsonio as jsonio
 from themis_clip.config import PluginConfig
 from themis_clip.demo.scenes import COLOURS, SHAPES, Scene, render_scene
+from themis_clip.errors import ModelError
 from themis_clip.export.hf import family_of, load_reference, reference_features
 from themis_clip.plugin import OnnxClipPlugin
 
@@ -71,7 +72,7 @@ def _features(out: object) -> np.ndarray:
 
 def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
     """Compare every variant in ``model_dir`` with the reference ``checkpoint``."""
-    manifest = json.loads((model_dir / "manifest.json").read_text("utf-8"))
+    manifest = jsonio.read(model_dir / "manifest.json")
     variants = ["fp32", *manifest.get("variants", {})]
     reference = load_reference(checkpoint)
     family = family_of(checkpoint)
@@ -82,7 +83,7 @@ def verify_model(model_dir: Path, checkpoint: Path) -> list[VerifyRow]:
         plugin = OnnxClipPlugin()
         config = PluginConfig.from_dict({"model": {"path": str(model_dir), "variant": variant}})
         if not plugin.initialize(config):
-            raise RuntimeError(f"cannot load variant {variant}: {plugin.last_error}")
+            raise ModelError(f"cannot load variant {variant}: {plugin.last_error}")
         got_img = np.stack([r.embedding for r in plugin.generate_embedding_batch(images)])  # type: ignore[misc]
         pixels = np.stack([plugin.preprocess(i) for i in images])
         tokens = plugin.tokenize(TEXTS)

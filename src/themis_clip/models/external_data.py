@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import themis_clip.jsonio as jsonio
+
 __all__ = ["CACHE_VERSION", "MappingUnavailable", "convert", "mapped_model"]
 
 CACHE_VERSION = 1
@@ -93,7 +95,7 @@ def mapped_model(source: Path, source_sha256: str, cache_root: Path) -> Path:
 
 def _valid(target: Path, source_sha256: str) -> bool:
     try:
-        meta = json.loads((target / "meta.json").read_text("utf-8"))
+        meta = jsonio.read(target / "meta.json")
         return bool(
             meta.get("cache_version") == CACHE_VERSION
             and meta.get("source_sha256") == source_sha256

@@ -34,7 +34,15 @@ from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
 from themis_clip.models.peers import detect_peer_layout
 from themis_clip.models.spec import ImageSpec, ModelSpec, TextSpec
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
+from themis_clip.vocabulary import (
+    CLIP_MEAN,
+    CLIP_STD,
+    Layout,
+    Padding,
+    ResizeMode,
+    SpecialTokens,
+    TextCleaning,
+)
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -222,16 +230,15 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
 
 
 def _text_spec(textual: _Fields, source: Path) -> TextSpec:
-    spec = TextSpec(
-        special_tokens=textual.get("special_tokens", str) or "clip",
-        padding=textual.get("padding", str) or "longest",
+    spec, problems = TextSpec.parse(
+        special_tokens=textual.get("special_tokens", str) or SpecialTokens.CLIP,
+        padding=textual.get("padding", str) or Padding.LONGEST,
         attention_mask=textual.get("attention_mask", bool),
-        clean=textual.get("clean", str) or "openai",
+        clean=textual.get("clean", str) or TextCleaning.OPENAI,
         language_prefix=textual.get("language_prefix", str),
         default_language=textual.get("default_language", str),
     )
-    problems = spec.problems()
-    if problems:
+    if spec is None:
         raise ModelFormatError(f"{source}: textual: {'; '.join(problems)}")
     return spec
 

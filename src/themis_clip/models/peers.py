@@ -28,8 +28,19 @@ from typing import Any
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError
-from themis_clip.models.spec import TEXT_CLEANING, ImageSpec, ModelSpec, TextSpec
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
+from themis_clip.models.families import family
+from themis_clip.models.spec import ImageSpec, ModelSpec, TextSpec
+from themis_clip.vocabulary import (
+    CLIP_MEAN,
+    CLIP_STD,
+    LanguagePrefix,
+    Layout,
+    Padding,
+    ResizeMode,
+    SpecialTokens,
+    TextCleaning,
+    member_of,
+)
 
 __all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
 
@@ -122,15 +133,15 @@ def _text_spec(
     tokenizer adds its own special tokens and is cleaned as the peer cleans it."""
     if _is_clip_bpe(tokenizer):
         return TextSpec()
-    rule = clean or default_clean
-    if rule not in TEXT_CLEANING:
-        raise ModelFormatError(f"{where}: unknown text cleaning {rule!r}")
+    rule = member_of(TextCleaning, clean or default_clean)
+    if rule is None:
+        raise ModelFormatError(f"{where}: unknown text cleaning {clean or default_clean!r}")
     return TextSpec(
-        special_tokens="tokenizer",
-        padding="max_length" if pad_to_context else "longest",
-        clean=str(rule),
+        special_tokens=SpecialTokens.TOKENIZER,
+        padding=Padding.MAX_LENGTH if pad_to_context else Padding.LONGEST,
+        clean=rule,
         # NLLB-SigLIP: a Flores-200 code glued in front; immich defaults to English.
-        language_prefix="flores200" if languages else None,
+        language_prefix=LanguagePrefix.FLORES200 if languages else None,
         default_language="eng_Latn" if languages else None,
     )
 
@@ -210,9 +221,13 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
         "do_center_crop", "crop_size" in pre or "shortest_edge" in (pre.get("size") or {})
     )
     size = _size(pre.get("crop_size") if crop else pre.get("size"), pre_path)
-    family = cfg.get("model_type")
+    fam = family(cfg.get("model_type"))
     tokenizer = _tokenizer(root / "tokenizer.json")
     positions = int(text_cfg.get("max_position_embeddings") or 77)
+    # What the family table implies (SigLIP: the full context, padded to it, canonicalize
+    # cleaning, pooler_output is the embedding); other families clean nothing and pad to the
+    # longest row, within the tokenizer's declared context.
+    last_token = fam is not None and fam.text.padding is Padding.MAX_LENGTH
     return ModelSpec(
         name=name or cfg.get("_name_or_path") or root.name,
         layout=Layout.TRANSFORMERS_JS,
@@ -230,16 +245,15 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
             resize_mode=ResizeMode.SHORTEST if crop else ResizeMode.SQUASH,
             interpolation=HF_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
         ),
-        context_length=positions if family == "siglip" else _model_max_length(tokenizer, positions),
+        context_length=positions if last_token else _model_max_length(tokenizer, positions),
         variant=chosen,
-        # SigLIP pools the last position: padded to the full context; canonicalize cleaning.
         text=_text_spec(
             tokenizer,
             root / "config.json",
-            clean="canonicalize" if family == "siglip" else "none",
-            pad_to_context=family == "siglip",
+            clean=fam.text.clean if fam is not None and last_token else TextCleaning.NONE,
+            pad_to_context=last_token,
         ),
-        pooler_is_embedding=family == "siglip",
+        pooler_is_embedding=fam is not None and fam.pooler_is_embedding,
     )
 
 

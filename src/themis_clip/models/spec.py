@@ -1,4 +1,9 @@
-"""``ModelSpec``: what a model source declares, independent of where it came from."""
+"""``ModelSpec``: what a model source declares, independent of where it came from.
+
+Its image and text parts (:class:`ImageSpec`, :class:`TextSpec`) live in
+:mod:`themis_clip.inputspec`, below both ``models`` and ``preprocess`` (which reads them), and
+are re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -6,74 +11,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD, Layout, ResizeMode
+from themis_clip.inputspec import (
+    LANGUAGE_PREFIXES,
+    PADDING,
+    SPECIAL_TOKENS,
+    TEXT_CLEANING,
+    ImageSpec,
+    TextSpec,
+)
+from themis_clip.vocabulary import Layout
 
-__all__ = ["ImageSpec", "ModelSpec"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ImageSpec:
-    """Image preprocessing the model was trained with."""
-
-    image_size: int = 224
-    mean: tuple[float, float, float] = CLIP_MEAN
-    std: tuple[float, float, float] = CLIP_STD
-    resize_mode: ResizeMode = ResizeMode.SHORTEST
-    interpolation: str = "bicubic"
-    fill: tuple[int, int, int] = (0, 0, 0)
-
-
-#: text cleaning rules: OpenAI's exact ``whitespace_clean(basic_clean(t)).lower()``, and
-#: open_clip's ``tokenizer_kwargs.clean`` choices (``canonicalize``: SigLIP; ``lower``,
-#: ``whitespace``), or none
-TEXT_CLEANING = ("openai", "canonicalize", "lower", "whitespace", "none")
-#: who adds the special tokens: this package (CLIP's SOT ... EOT) or the tokenizer's own
-#: post-processor (SigLIP's appended EOS, BERT's CLS/SEP, XLM-R's <s></s>)
-SPECIAL_TOKENS = ("clip", "tokenizer")
-#: how a batch is padded: to its longest row (graphs that take a mask or pool at EOT) or to the
-#: full context (graphs that pool the last position: SigLIP)
-PADDING = ("longest", "max_length")
-#: language prefixes: Flores-200 codes glued to the text with no space (NLLB-SigLIP, as immich)
-LANGUAGE_PREFIXES = ("flores200",)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TextSpec:
-    """How text becomes token ids for one model: part of its description, never a guess.
-
-    Attributes:
-        special_tokens: ``"clip"`` or ``"tokenizer"`` (see :data:`SPECIAL_TOKENS`).
-        padding: ``"longest"`` or ``"max_length"`` (see :data:`PADDING`).
-        attention_mask: True: the graph must take a mask; False: it must not; None: as the
-            graph declares.
-        clean: one of :data:`TEXT_CLEANING`.
-        language_prefix: None, or ``"flores200"``.
-        default_language: the code used when a caller gives none (None: callers must give one).
-    """
-
-    special_tokens: str = "clip"
-    padding: str = "longest"
-    attention_mask: bool | None = None
-    clean: str = "openai"
-    language_prefix: str | None = None
-    default_language: str | None = None
-
-    def problems(self) -> list[str]:
-        """What is wrong with this description (empty: nothing)."""
-        out = []
-        for name, value, allowed in (
-            ("special_tokens", self.special_tokens, SPECIAL_TOKENS),
-            ("padding", self.padding, PADDING),
-            ("clean", self.clean, TEXT_CLEANING),
-        ):
-            if value not in allowed:
-                out.append(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-        if self.language_prefix is not None and self.language_prefix not in LANGUAGE_PREFIXES:
-            out.append(
-                f"language_prefix must be one of {', '.join(LANGUAGE_PREFIXES)}; "
-                f"got {self.language_prefix!r}"
-            )
-        return out
+__all__ = [
+    "LANGUAGE_PREFIXES",
+    "PADDING",
+    "SPECIAL_TOKENS",
+    "TEXT_CLEANING",
+    "ImageSpec",
+    "ModelSpec",
+    "TextSpec",
+]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,8 +40,8 @@ from PIL import Image, UnidentifiedImageError
 
 from themis_clip.budget import PixelBudget
 from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError
+from themis_clip.inputspec import ImageSpec
 from themis_clip.interface import ImageData
-from themis_clip.models.spec import ImageSpec
 from themis_clip.preprocess.resample import crop_of_resize
 from themis_clip.vocabulary import (
     CLIP_MEAN,

@@ -1,4 +1,5 @@
-r"""The only module that imports ``tokenizers``: CLIP tokenisation from the model's own files.
+r"""The core's only module that imports ``tokenizers``: CLIP tokenisation from the model's own
+files (the exporter's one home of ``tokenizers`` is ``export/tokenizer.py``).
 
 Conventions (REFERENCE.md §2): every sequence is ``<|startoftext|> tokens <|endoftext|>``,
 padded to the batch length with the model's pad id (OpenAI pads with 0; HF and immich files
@@ -12,7 +13,6 @@ OpenAI's for any string. Over-long text is truncated so that EOT stays last, and
 from __future__ import annotations
 
 import html
-import json
 import re
 import string
 from collections.abc import Callable, Sequence
@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, TextInputError
-from themis_clip.models.spec import TextSpec
+from themis_clip.inputspec import TextSpec
+from themis_clip.vocabulary import Padding, SpecialTokens, TextCleaning
 
 __all__ = [
     "EOT_TOKEN",
@@ -151,7 +153,7 @@ class HFTokenizer:
             )
         self.spec = spec
         self.context_length = context_length
-        self.pad_to_context = spec.padding == "max_length"
+        self.pad_to_context = spec.padding is Padding.MAX_LENGTH
         if pad_id is None:
             pad_id = pad_id_from_config(path.parent / "tokenizer_config.json", self._tokenizer)
         self.pad_id: int = pad_id
@@ -238,8 +240,8 @@ def make_tokenizer(
     path: Path, spec: TextSpec, *, context_length: int, pad_id: int | None
 ) -> CLIPTokenizer | HFTokenizer:
     """The tokenizer a model's text description asks for (CLIP's exact path, or the generic)."""
-    if spec.special_tokens == "clip" and spec.language_prefix is None:
-        if spec.clean != "openai":
+    if spec.special_tokens is SpecialTokens.CLIP and spec.language_prefix is None:
+        if spec.clean is not TextCleaning.OPENAI:
             raise ModelFormatError(
                 f"{path}: CLIP tokenisation cleans text as OpenAI does; clean {spec.clean!r} "
                 "needs special_tokens: tokenizer"
@@ -309,7 +311,7 @@ def pad_id_from_config(config: Path, tokenizer: Any) -> int:
     """The id of ``pad_token`` in a ``tokenizer_config.json``; 0 (OpenAI's) when it has none."""
     if config.is_file():
         try:
-            pad = json.loads(config.read_text("utf-8")).get("pad_token")
+            pad = jsonio.read(config).get("pad_token")
         except (OSError, ValueError):
             pad = None
         if isinstance(pad, dict):
@@ -321,10 +323,10 @@ def pad_id_from_config(config: Path, tokenizer: Any) -> int:
 
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _FLORES = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
-_CLEANERS: dict[str, Callable[[str], str]] = {
-    "openai": openai_clean,
-    "canonicalize": canonicalize,
-    "lower": _lower,
-    "whitespace": _whitespace,
-    "none": _none,
+_CLEANERS: dict[TextCleaning, Callable[[str], str]] = {
+    TextCleaning.OPENAI: openai_clean,
+    TextCleaning.CANONICALIZE: canonicalize,
+    TextCleaning.LOWER: _lower,
+    TextCleaning.WHITESPACE: _whitespace,
+    TextCleaning.NONE: _none,
 }
