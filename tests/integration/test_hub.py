@@ -1,0 +1,371 @@
+"""Models by name, pulled with the real ``huggingface_hub`` from a Hub stand-in on loopback.
+
+Every case runs ``themis-clip`` as a subprocess with ``HF_ENDPOINT`` pointing at
+:class:`tests.hub_server.FakeHub` and ``HF_HUB_CACHE`` in the test's folder; the repos are tiny
+models built here in each layout we load (immich, transformers.js, fastembed, ours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from onnx import TensorProto
+from PIL import Image
+
+from tests.helpers import photo_like
+from tests.hub_server import FakeHub
+from themis_clip.export.tiny import (
+    TextTowerSpec,
+    VisionTowerSpec,
+    build_model_dir,
+    build_text_tower,
+    build_vision_tower,
+)
+from themis_clip.preprocess.text import CLIPTokenizer
+
+EXE = shutil.which("themis-clip") or str(Path(sys.executable).parent / "themis-clip")
+IMMICH = "immich-app/ViT-B-32__openai"
+
+
+def vocab(tok_file: Path) -> tuple[int, int]:
+    tok = CLIPTokenizer(tok_file)
+    return len(json.loads(tok_file.read_text())["model"]["vocab"]) + 2, tok.eot_id
+
+
+def immich_repo(root: Path, tokenizer: Path) -> Path:
+    size, eot = vocab(tokenizer)
+    build_vision_tower(
+        VisionTowerSpec(image_size=48, input_name="image", output_name="embedding", batch=1),
+        root / "visual" / "model.onnx",
+    )
+    build_text_tower(
+        TextTowerSpec(
+            vocab_size=size,
+            eot_id=eot,
+            input_name="text",
+            ids_dtype=TensorProto.INT32,
+            output_name="embedding",
+            batch=1,
+            seq=77,
+        ),
+        root / "textual" / "model.onnx",
+    )
+    shutil.copy(tokenizer, root / "textual" / "tokenizer.json")
+    (root / "config.json").write_text(
+        json.dumps({"embed_dim": 32, "text_cfg": {"context_length": 77}})
+    )
+    (root / "visual" / "preprocess_cfg.json").write_text(
+        json.dumps({"size": [48, 48], "mean": [0.5] * 3, "std": [0.5] * 3, "resize_mode": "squash"})
+    )
+    # Variants an immich repo also carries, which a pull must not fetch.
+    for extra in (
+        "visual/model.armnn",
+        "visual/fp16/model.armnn",
+        "visual/rknpu/rk3588/model.rknn",
+    ):
+        (root / extra).parent.mkdir(parents=True, exist_ok=True)
+        (root / extra).write_bytes(b"not for us" * 500)
+    return root
+
+
+def xenova_repo(root: Path, tokenizer: Path) -> Path:
+    size, eot = vocab(tokenizer)
+    build_vision_tower(VisionTowerSpec(image_size=40, patch=8), root / "onnx" / "vision_model.onnx")
+    build_vision_tower(
+        VisionTowerSpec(image_size=40, patch=8, seed=3), root / "onnx" / "vision_model_int8.onnx"
+    )
+    build_text_tower(TextTowerSpec(vocab_size=size, eot_id=eot), root / "onnx" / "text_model.onnx")
+    build_text_tower(
+        TextTowerSpec(vocab_size=size, eot_id=eot, seed=9), root / "onnx" / "text_model_int8.onnx"
+    )
+    for q in ("q4", "fp16"):  # quantised files the pull must leave on the server
+        (root / "onnx" / f"vision_model_{q}.onnx").write_bytes(b"x" * 5000)
+    shutil.copy(tokenizer, root / "tokenizer.json")
+    (root / "config.json").write_text(
+        json.dumps({"projection_dim": 32, "text_config": {"max_position_embeddings": 77}})
+    )
+    (root / "preprocessor_config.json").write_text(
+        json.dumps({"crop_size": {"height": 40, "width": 40}, "size": {"shortest_edge": 40}})
+    )
+    return root
+
+
+def fastembed_repos(root: Path, tokenizer: Path) -> tuple[Path, Path]:
+    size, eot = vocab(tokenizer)
+    vision, text = root / "vision", root / "text"
+    build_vision_tower(VisionTowerSpec(image_size=32, patch=8, seed=5), vision / "model.onnx")
+    (vision / "preprocessor_config.json").write_text(json.dumps({"crop_size": 32}))
+    build_text_tower(TextTowerSpec(vocab_size=size, eot_id=eot, seed=5), text / "model.onnx")
+    shutil.copy(tokenizer, text / "tokenizer.json")
+    return vision, text
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("repos")
+    ours = build_model_dir(base / "ours", name="tiny-hub", seed=0)
+    tok = ours / "tokenizer.json"
+    vision, text = fastembed_repos(base / "fastembed", tok)
+    return {
+        "ours": ours,
+        "immich": immich_repo(base / "immich", tok),
+        "xenova": xenova_repo(base / "xenova", tok),
+        "fe_vision": vision,
+        "fe_text": text,
+    }
+
+
+@pytest.fixture
+def hub(repos: dict[str, Path]) -> Iterator[FakeHub]:
+    with FakeHub() as server:
+        server.add(IMMICH, repos["immich"])
+        server.add("Xenova/clip-vit-base-patch32", repos["xenova"])
+        server.add("Qdrant/clip-ViT-B-32-vision", repos["fe_vision"])
+        server.add("Qdrant/clip-ViT-B-32-text", repos["fe_text"])
+        server.add("someone/tiny-themis", repos["ours"])
+        yield server
+
+
+@pytest.fixture
+def env(hub: FakeHub, tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    e.update(
+        HF_ENDPOINT=hub.url,
+        HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+    )
+    return e
+
+
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(photo_like(70 + 10 * i, 60, i)).save(folder / f"p{i}.jpg")
+    return folder
+
+
+def run(env: dict[str, str], *args: str, offline: bool = False) -> subprocess.CompletedProcess[str]:
+    e = dict(env, HF_HUB_OFFLINE="1") if offline else env
+    out = subprocess.run(
+        [EXE, *args], capture_output=True, text=True, timeout=180, env=e, check=False
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def vectors(env: dict[str, str], model: str, photos: Path, **kw: bool) -> list[list[float]]:
+    out = run(env, "embed", str(photos), "--text", "a red circle", "--model", model, **kw)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert all(r["ok"] for r in rows) and len(rows) == 4
+    return [r["embedding"] for r in rows]
+
+
+def cache_files(env: dict[str, str]) -> set[str]:
+    root = Path(env["HF_HUB_CACHE"])
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def test_pull_by_catalogue_name_and_repo_id_equals_the_directory(
+    env: dict[str, str], hub: FakeHub, repos: dict[str, Path], photos: Path, tmp_path: Path
+) -> None:
+    by_name = vectors(env, "ViT-B-32__openai", photos)
+    assert by_name == vectors(env, str(repos["immich"]), photos)  # bit for bit
+    before = hub.total()
+    assert vectors(env, IMMICH, photos) == by_name  # the same cache entry: no request
+    assert hub.total() == before
+    fetched = {k.removeprefix(IMMICH + "/") for k in hub.downloads}
+    assert fetched == {
+        "config.json",
+        "visual/model.onnx",
+        "visual/preprocess_cfg.json",
+        "textual/model.onnx",
+        "textual/tokenizer.json",
+    }  # no ARM NN, RKNN or fp16 variants
+    record = next(Path(env["HF_HUB_CACHE"]).glob("models--immich-app--*/themis/*.json"))
+    data = json.loads(record.read_text())
+    assert data["commit"] == hub.repos[IMMICH].commit and len(data["verified"]) == 5
+
+    # Done-when: index a folder by name, then search it.
+    db = tmp_path / "idx.db"
+    out = run(env, "index", str(photos), "--model", "ViT-B-32__openai", "--index", str(db))
+    assert out.returncode == 0, out.stderr
+    out = run(env, "search", "red", "--model", IMMICH, "--index", str(db), "--json", offline=True)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)) == 3  # the index accepts the model by its other name
+
+
+@pytest.mark.parametrize(
+    ("name", "directory", "expect"),
+    [
+        ("clip-vit-base-patch32__xenova", "xenova", "onnx/vision_model.onnx"),
+        ("Xenova/clip-vit-base-patch32", "xenova", "onnx/text_model.onnx"),
+        ("someone/tiny-themis@v1", "ours", "manifest.json"),
+    ],
+)
+def test_other_layouts_by_name(
+    env: dict[str, str],
+    hub: FakeHub,
+    repos: dict[str, Path],
+    photos: Path,
+    name: str,
+    directory: str,
+    expect: str,
+) -> None:
+    assert vectors(env, name, photos) == vectors(env, str(repos[directory]), photos)
+    got = {k.split("/", 2)[2] for k in hub.downloads}
+    assert expect in got
+    assert not any("_q4" in k or "_fp16" in k or "_int8" in k for k in got)
+
+
+def test_transformers_js_precision_pulls_only_that_variant(
+    env: dict[str, str], hub: FakeHub, photos: Path
+) -> None:
+    out = run(env, "models", "pull", "clip-vit-base-patch32__xenova", "--precision", "int8")
+    assert out.returncode == 0, out.stderr
+    got = {k.split("/", 2)[2] for k in hub.downloads}
+    assert {"onnx/vision_model_int8.onnx", "onnx/text_model_int8.onnx"} <= got
+    assert "onnx/vision_model.onnx" not in got
+
+
+def test_fastembed_pair_by_name(
+    env: dict[str, str], hub: FakeHub, repos: dict[str, Path], photos: Path
+) -> None:
+    rows = vectors(env, "clip-ViT-B-32__fastembed", photos)
+    alone = run(env, "embed", str(photos), "--model", str(repos["fe_vision"] / "model.onnx"))
+    assert alone.returncode == 0, alone.stderr
+    assert rows[:3] == [json.loads(line)["embedding"] for line in alone.stdout.splitlines()]
+    assert any(k.startswith("Qdrant/clip-ViT-B-32-text/") for k in hub.downloads)
+
+
+def test_connection_dropped_mid_file_resumes(
+    env: dict[str, str], hub: FakeHub, repos: dict[str, Path], photos: Path
+) -> None:
+    hub.drop_once.add((IMMICH, "visual/model.onnx"))
+    assert vectors(env, "ViT-B-32__openai", photos) == vectors(env, str(repos["immich"]), photos)
+    assert hub.downloads[f"{IMMICH}/visual/model.onnx"] == 2  # cut once, then resumed
+    assert (IMMICH, "visual/model.onnx") not in hub.drop_once
+
+
+def test_a_flipped_byte_is_refused_and_stays_refused_offline(
+    env: dict[str, str], hub: FakeHub, repos: dict[str, Path], photos: Path
+) -> None:
+    hub.flip.add((IMMICH, "visual/model.onnx"))
+    out = run(env, "embed", str(photos), "--model", "ViT-B-32__openai")
+    assert out.returncode == 2
+    assert "visual/model.onnx" in out.stderr and "corrupt" in out.stderr
+    good = hashlib.sha256((repos["immich"] / "visual" / "model.onnx").read_bytes()).hexdigest()
+    assert good in out.stderr  # the listed digest, and the one we got
+    assert out.stderr.count("SHA-256") + out.stderr.count("has ") >= 2
+    assert not any(
+        f.endswith(good) or ("snapshots" in f and f.endswith("visual/model.onnx"))
+        for f in cache_files(env)
+    )  # the corrupt blob is gone
+    offline = run(env, "embed", str(photos), "--model", "ViT-B-32__openai", offline=True)
+    assert offline.returncode == 2 and "not cached" in offline.stderr
+    hub.flip.clear()  # a clean pull afterwards works
+    assert vectors(env, "ViT-B-32__openai", photos) == vectors(env, str(repos["immich"]), photos)
+
+
+def test_cached_and_offline_makes_no_request(
+    env: dict[str, str], hub: FakeHub, photos: Path
+) -> None:
+    online = vectors(env, "ViT-B-32__openai", photos)
+    before = hub.total()
+    assert vectors(env, "ViT-B-32__openai", photos, offline=True) == online
+    assert hub.total() == before
+
+
+def test_a_cached_file_changed_later_is_refused(
+    env: dict[str, str], hub: FakeHub, photos: Path
+) -> None:
+    vectors(env, "ViT-B-32__openai", photos)
+    blob = next(
+        p for p in Path(env["HF_HUB_CACHE"]).rglob("visual/model.onnx") if "snapshots" in str(p)
+    ).resolve()
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 1
+    blob.write_bytes(bytes(data))
+    out = run(env, "embed", str(photos), "--model", "ViT-B-32__openai", offline=True)
+    assert out.returncode == 2 and "SHA-256 mismatch" in out.stderr
+    out = run(env, "models", "verify", "ViT-B-32__openai")
+    assert out.returncode == 2 and "visual/model.onnx" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("model", "gated", "needle"),
+    [
+        ("ViT-B-32__openai", None, "models pull ViT-B-32__openai"),  # uncached + offline
+        ("ViT-B-32_openai", None, "did you mean ViT-B-32__openai"),
+        (f"{IMMICH}@no-such-branch", None, "no revision 'no-such-branch'"),
+        ("nobody/nothing-here", None, "no repository nobody/nothing-here"),
+        ("someone/odd-layout", None, "holds no model layout"),
+        ("someone/gated", 401, "gated or private (HTTP 401)"),
+        ("someone/gated", 403, "gated or private (HTTP 403)"),
+    ],
+)
+def test_clear_errors_exit_2(
+    env: dict[str, str],
+    hub: FakeHub,
+    tmp_path: Path,
+    photos: Path,
+    model: str,
+    gated: int | None,
+    needle: str,
+) -> None:
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "weights.h5").write_bytes(b"h5" * 1000)
+    (odd / "README.md").write_text("a repo of something else")
+    hub.add("someone/odd-layout", odd)
+    hub.add("someone/gated", odd, gated=gated)
+    out = run(env, "embed", str(photos), "--model", model, offline=model == "ViT-B-32__openai")
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr, out.stderr
+
+
+def _holds(pid: int, suffix: str) -> bool:
+    try:
+        return any(
+            os.readlink(f"/proc/{pid}/fd/{fd}").endswith(suffix)
+            for fd in os.listdir(f"/proc/{pid}/fd")
+        )
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
+def test_two_concurrent_pulls_download_once(env: dict[str, str], hub: FakeHub) -> None:
+    hub.block.clear()  # hold every file body until both processes are in
+    args = [EXE, "models", "pull", "ViT-B-32__openai"]
+    slow = dict(env, HF_HUB_DOWNLOAD_TIMEOUT="120")  # a held body is not a dead connection
+    procs = [
+        subprocess.Popen(args, env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        lock = "models--immich-app--ViT-B-32__openai.lock"
+        while not all(_holds(p.pid, lock) for p in procs):
+            assert time.monotonic() < deadline, "both pulls never reached the repo lock"
+            time.sleep(0.05)
+    finally:
+        hub.block.set()
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "Traceback" not in err
+    assert hub.downloads[f"{IMMICH}/visual/model.onnx"] == 1
+    assert max(hub.downloads.values()) == 1
