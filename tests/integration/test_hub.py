@@ -13,15 +13,17 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from onnx import TensorProto
 from PIL import Image
 
-from tests.helpers import photo_like
+from tests.helpers import ServerProcess, photo_like
 from tests.hub_server import FakeHub
 from themis_clip.export.tiny import (
     TextTowerSpec,
@@ -360,3 +362,107 @@ def test_two_concurrent_pulls_download_once(env: dict[str, str], hub: FakeHub) -
         assert "Traceback" not in err
     assert hub.downloads[f"{IMMICH}/visual/model.onnx"] == 1
     assert max(hub.downloads.values()) == 1
+
+
+# -- the server: /v1/models and /admin/reload by name -------------------------------------------
+
+TOKEN = "hub-token"
+
+
+def serve(env: dict[str, str], *args: str) -> ServerProcess:
+    return ServerProcess(["--no-warmup", *args], env={**env, "THEMIS_ADMIN_TOKEN": TOKEN})
+
+
+def test_reload_by_name_cached_and_pulled_under_load(env: dict[str, str], hub: FakeHub) -> None:
+    assert run(env, "models", "pull", "someone/tiny-themis").returncode == 0  # cached beforehand
+    with serve(env, "--model", "ViT-B-32__openai", "--allow-pull") as server:
+        base = server.base
+        card = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]
+        assert card["source"]["catalogue_name"] == "ViT-B-32__openai"
+        assert card["source"]["repo"] == IMMICH
+        assert card["source"]["commit"] == hub.repos[IMMICH].commit
+        assert httpx.get(f"{base}/v1/models/ViT-B-32__openai", timeout=30).status_code == 200
+
+        stop = threading.Event()
+        failures: list[str] = []
+        served: list[int] = [0]
+
+        def client() -> None:
+            with httpx.Client(base_url=base, timeout=60) as c:
+                while not stop.is_set():
+                    r = c.post("/v1/embeddings", json={"input": "a red circle"})
+                    served[0] += 1
+                    if r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text[:200]}")
+
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            with httpx.Client(base_url=base, timeout=120, headers=auth) as admin:
+                r = admin.post(
+                    "/admin/reload",
+                    json={"model": "someone/tiny-themis", "allow_embedding_space_change": True},
+                )
+                assert r.status_code == 200 and r.json()["reloaded"], r.text
+                source = admin.get("/v1/models").json()["data"][0]["source"]
+                assert source["repo"] == "someone/tiny-themis"
+
+                # Uncached: 202, pulled in the background while the old model serves.
+                hub.block.clear()
+                before = admin.get("/v1/models").json()["data"][0]["id"]
+                r = admin.post(
+                    "/admin/reload",
+                    json={
+                        "model": "clip-vit-base-patch32__xenova",
+                        "allow_embedding_space_change": True,
+                    },
+                )
+                assert r.status_code == 202, r.text
+                deadline = time.monotonic() + 60
+                while not hub.requests["GET resolve"]:
+                    assert time.monotonic() < deadline, "the background pull never started"
+                    time.sleep(0.05)
+                mid = served[0]
+                deadline = time.monotonic() + 60
+                while served[0] < mid + 20:  # requests answered by the old model meanwhile
+                    assert time.monotonic() < deadline and not failures, failures[:3]
+                    time.sleep(0.05)
+                assert admin.get("/v1/models").json()["data"][0]["id"] == before
+                hub.block.set()
+                deadline = time.monotonic() + 120
+                while True:
+                    pulls = admin.get("/admin/stats").json()["pulls"]
+                    state = pulls["clip-vit-base-patch32__xenova"]
+                    if state["state"] != "pulling":
+                        break
+                    assert time.monotonic() < deadline, "the pull never finished"
+                    time.sleep(0.1)
+                assert state["state"] == "reloaded", state
+                card = admin.get("/v1/models").json()["data"][0]
+                assert card["source"]["repo"] == "Xenova/clip-vit-base-patch32"
+        finally:
+            hub.block.set()
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not failures, failures[:3]
+        assert served[0] > 40
+
+
+def test_reload_by_name_without_allow_pull_loads_cached_models_only(
+    env: dict[str, str], hub: FakeHub
+) -> None:
+    with serve(env, "--model", "someone/tiny-themis") as server:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.Client(base_url=server.base, timeout=60, headers=auth) as admin:
+            r = admin.post("/admin/reload", json={"model": "ViT-B-32__openai"})
+            assert r.status_code == 409 and "--allow-pull" in r.text, r.text
+            assert not hub.requests["GET resolve"] or all(
+                not k.startswith(IMMICH) for k in hub.downloads
+            )
+            r = admin.post("/admin/reload", json={"model": "ViT-B32__openai"})
+            assert r.status_code == 404 and "did you mean" in r.text
+            r = admin.post("/admin/reload", json={"model": "x/y", "path": "a"})
+            assert r.status_code == 422

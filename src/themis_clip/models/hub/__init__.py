@@ -29,6 +29,7 @@ from __future__ import annotations
 from themis_clip.models.hub.cache import (
     cache_root,
     cached_info,
+    describe,
     is_cached,
     remove,
     verify_cached,
@@ -49,6 +50,7 @@ __all__ = [
     "ResolvedModel",
     "cache_root",
     "cached_info",
+    "describe",
     "detect_layout",
     "is_cached",
     "parse_source",

@@ -16,7 +16,7 @@ from typing import Any
 
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.files import sha256_of
-from themis_clip.models.catalogue import RepoLayout
+from themis_clip.models.catalogue import RepoLayout, find_entry
 from themis_clip.models.hub.source import (
     CachedFile,
     ModelSource,
@@ -30,6 +30,7 @@ from themis_clip.models.peers import XENOVA_SUFFIXES
 __all__ = [
     "cache_root",
     "cached_info",
+    "describe",
     "is_cached",
     "remove",
     "verify_cached",
@@ -248,3 +249,21 @@ def is_cached(text: str, *, cache_dir: str | Path | None = None) -> bool:
     except ModelNotFoundError:
         return False
     return source.repo is not None and cached(source, None, cache_dir) is not None
+
+
+def describe(text: str) -> dict[str, Any] | None:
+    """How a served model string reads in the catalogue (no network), None for a local path."""
+    try:
+        source = parse_source(text)
+    except ModelNotFoundError:
+        return None
+    if source.repo is None:
+        return None
+    entry = source.entry or find_entry(source.repo)
+    commit = commit_for(storage_dir(source.repo, None), source.revision)
+    return {
+        "catalogue_name": entry.name if entry is not None else None,
+        "repo": source.repo,
+        "revision": source.revision,
+        "commit": commit,
+    }
