@@ -466,3 +466,51 @@ def test_reload_by_name_without_allow_pull_loads_cached_models_only(
             assert r.status_code == 404 and "did you mean" in r.text
             r = admin.post("/admin/reload", json={"model": "x/y", "path": "a"})
             assert r.status_code == 422
+
+
+# -- a PyTorch checkpoint: exported on pull (the export extra) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(repos: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    from themis_clip.export.hf import create_random_checkpoint
+
+    out = tmp_path_factory.mktemp("pt") / "clip-vit-base-patch32"
+    return create_random_checkpoint(out, repos["ours"] / "tokenizer.json", seed=4)
+
+
+@pytest.mark.slow
+def test_a_pytorch_checkpoint_is_exported_on_pull(
+    env: dict[str, str], hub: FakeHub, checkpoint: Path, photos: Path, tmp_path: Path
+) -> None:
+    hub.add("openai/clip-vit-base-patch32", checkpoint)
+    by_name = vectors(env, "openai/clip-vit-base-patch32", photos)
+    exported = tmp_path / "exported"
+    out = run(env, "export", str(checkpoint), str(exported))
+    assert out.returncode == 0, out.stderr
+    assert by_name == vectors(env, str(exported), photos)
+    before = hub.total()
+    assert vectors(env, "clip-vit-base-patch32", photos, offline=True) == by_name
+    assert hub.total() == before
+
+
+def test_a_pytorch_checkpoint_without_the_export_extra(
+    env: dict[str, str], hub: FakeHub, repos: dict[str, Path], tmp_path: Path, photos: Path
+) -> None:
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "clip"}))
+    (checkpoint / "model.safetensors").write_bytes(b"\0" * 4096)
+    hub.add("openai/clip-vit-base-patch32", checkpoint)
+    no_torch = tmp_path / "no-torch" / "torch"
+    no_torch.mkdir(parents=True)
+    (no_torch / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
+    )
+    e = dict(env, PYTHONPATH=f"{no_torch.parent}{os.pathsep}{env.get('PYTHONPATH', '')}")
+    out = run(e, "embed", str(photos), "--model", "clip-vit-base-patch32")
+    assert out.returncode == 2
+    assert "pip install 'themis-onnx-clip[export]'" in out.stderr
+    assert "clip-vit-base-patch32__xenova" in out.stderr  # the ready ONNX alternative
+    assert not hub.downloads  # refused before downloading the weights
