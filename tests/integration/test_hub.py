@@ -514,3 +514,31 @@ def test_a_pytorch_checkpoint_without_the_export_extra(
     assert "pip install 'themis-onnx-clip[export]'" in out.stderr
     assert "clip-vit-base-patch32__xenova" in out.stderr  # the ready ONNX alternative
     assert not hub.downloads  # refused before downloading the weights
+
+
+def test_a_flipped_byte_in_a_small_file_is_refused(
+    env: dict[str, str], hub: FakeHub, photos: Path
+) -> None:
+    hub.flip.add((IMMICH, "visual/preprocess_cfg.json"))  # not LFS: checked by its git blob id
+    out = run(env, "models", "pull", "ViT-B-32__openai")
+    assert out.returncode == 2
+    assert "visual/preprocess_cfg.json is corrupt" in out.stderr and "git blob" in out.stderr
+
+
+def test_models_info_list_and_rm(env: dict[str, str], hub: FakeHub) -> None:
+    assert run(env, "models", "pull", "ViT-B-32__openai").returncode == 0
+    info = json.loads(run(env, "models", "info", IMMICH, "--json").stdout)
+    assert info["name"] == "ViT-B-32__openai" and info["cached"] is True
+    assert info["commit"] == hub.repos[IMMICH].commit and info["layout"] == "immich"
+    data = (hub.repos[IMMICH].folder / "visual" / "model.onnx").read_bytes()
+    files = {f["path"]: f["sha256"] for f in info["files"]}
+    assert files["visual/model.onnx"] == hashlib.sha256(data).hexdigest()
+    assert Path(info["path"], "visual", "model.onnx").is_file()
+    listed = run(env, "models", "list", "--family", "clip").stdout.splitlines()
+    assert any(line.startswith("* ViT-B-32__openai ") for line in listed)
+    assert not any(line.startswith("* ViT-B-16__openai ") for line in listed)
+    assert run(env, "models", "verify", "ViT-B-32__openai").returncode == 0
+    assert run(env, "models", "rm", "ViT-B-32__openai").returncode == 0
+    assert json.loads(run(env, "models", "info", IMMICH, "--json").stdout)["cached"] is False
+    gone = run(env, "models", "verify", "ViT-B-32__openai")
+    assert gone.returncode == 2 and "not in the cache" in gone.stderr

@@ -160,3 +160,23 @@ def test_one_allow_list_per_layout() -> None:
     ]
     assert detect_layout(["model.onnx", "config.json"]) == RepoLayout.FASTEMBED
     assert detect_layout(["weights.h5", "README.md"]) is None
+
+
+def test_the_docs_table_is_generated_from_the_file() -> None:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "catalogue_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_config_model_path_may_be_a_name(tmp_path: Path) -> None:
+    from themis_clip.config import PluginConfig
+
+    named = PluginConfig.from_dict({"model": {"path": "ViT-B-32__openai"}}, base_dir=tmp_path)
+    assert named.model.path == "ViT-B-32__openai"
+    (tmp_path / "ViT-B-32__openai").mkdir()  # an existing path beside the config wins
+    local = PluginConfig.from_dict({"model": {"path": "ViT-B-32__openai"}}, base_dir=tmp_path)
+    assert local.model.path == str(tmp_path / "ViT-B-32__openai")
+    rel = PluginConfig.from_dict({"model": {"path": "./models/x"}}, base_dir=tmp_path)
+    assert rel.model.path == os.path.join(tmp_path, "./models/x")  # a path, even if missing
