@@ -542,3 +542,16 @@ def test_models_info_list_and_rm(env: dict[str, str], hub: FakeHub) -> None:
     assert json.loads(run(env, "models", "info", IMMICH, "--json").stdout)["cached"] is False
     gone = run(env, "models", "verify", "ViT-B-32__openai")
     assert gone.returncode == 2 and "not in the cache" in gone.stderr
+
+
+def test_a_repo_another_tool_cached_is_checked_not_downloaded_again(
+    env: dict[str, str], hub: FakeHub, photos: Path, repos: dict[str, Path]
+) -> None:
+    code = "import huggingface_hub as h; h.snapshot_download('immich-app/ViT-B-32__openai')"
+    subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, timeout=120
+    )  # as transformers
+    fetched = dict(hub.downloads)
+    assert fetched[f"{IMMICH}/visual/model.onnx"] == 1
+    assert vectors(env, "ViT-B-32__openai", photos) == vectors(env, str(repos["immich"]), photos)
+    assert hub.downloads == fetched  # listed and verified, not fetched again

@@ -180,3 +180,29 @@ def test_a_config_model_path_may_be_a_name(tmp_path: Path) -> None:
     assert local.model.path == str(tmp_path / "ViT-B-32__openai")
     rel = PluginConfig.from_dict({"model": {"path": "./models/x"}}, base_dir=tmp_path)
     assert rel.model.path == os.path.join(tmp_path, "./models/x")  # a path, even if missing
+
+
+def test_the_download_bar_shows_bytes_rate_and_eta() -> None:
+    import io
+
+    from themis_clip.models.hub.pull import progress_bar_class
+
+    out = io.StringIO()
+    bar_class = progress_bar_class()
+    # As the client creates its byte bar: its own format (no ETA) is replaced by tqdm's.
+    bar = bar_class(
+        desc="Reconstructing",
+        total=10_000_000,
+        unit="B",
+        unit_scale=True,
+        file=out,
+        bar_format="{desc}: {bar}| {n_fmt:>5}B",
+        disable=False,
+        mininterval=0,
+    )
+    bar.update(2_500_000)
+    bar.close()
+    text = out.getvalue()
+    assert "2.50M/10.0M" in text and "B/s" in text and "<" in text  # bytes, rate, ETA
+    hidden = bar_class(desc="Downloading bytes", total=0, file=out)
+    assert hidden.disable

@@ -113,7 +113,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"{key:<9} {out[key]}")
     if entry is not None:
         figures = ("family", "embedding_dim", "image_size", "context_length", "languages")
-        print("catalog  " + ", ".join(f"{k}={getattr(entry, k)}" for k in figures))
+        print("catalogue " + ", ".join(f"{k}={getattr(entry, k)}" for k in figures))
     if cached is None:
         print(f"cached    no (themis-clip models pull {source.label})")
     for f in out.get("files", []):

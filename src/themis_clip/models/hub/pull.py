@@ -35,7 +35,7 @@ from themis_clip.models.hub.source import (
     select_files,
 )
 
-__all__ = ["pull", "resolve"]
+__all__ = ["progress_bar_class", "pull", "resolve"]
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +186,13 @@ def _hub_errors(source: ModelSource) -> Callable[[BaseException], ModelError]:
             return ModelNotFoundError(f"no repository {repo} on the Hub")
         if isinstance(exc, hf_errors.HfHubHTTPError) and status is not None:
             return ModelNotFoundError(f"the Hub answered HTTP {status} for {repo}: {exc}")
+        if isinstance(exc, hf_errors.OfflineModeIsEnabled):
+            why = "HF_HUB_OFFLINE is set"
+        else:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"
         return ModelNotFoundError(
             f"model {label} ({repo}@{rev}) is not cached and the Hub cannot be reached "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'offline'}). "
+            f"({why}). "
             f"On a machine that can reach it, run `themis-clip models pull {label}`, then copy "
             f"its cache folder {storage_dir(str(repo), None).name} into this machine's "
             "HF_HUB_CACHE (default ~/.cache/huggingface/hub)"
@@ -245,7 +249,7 @@ def _download(
             revision=commit,
             allow_patterns=files,
             cache_dir=str(cache_dir) if cache_dir is not None else None,
-            tqdm_class=None if progress else _SilentBar,
+            tqdm_class=progress_bar_class() if progress else _SilentBar,
         )
     except _transport_errors() as exc:
         raise translate(exc) from None
@@ -282,6 +286,23 @@ class _SilentBar:
 
     def set_postfix_str(self, *a: Any, **k: Any) -> None:
         pass
+
+
+def progress_bar_class() -> type[Any]:
+    """The client's bars in tqdm's own format: bytes, rate and ETA (the client's byte-bar
+    format shows no ETA); on a terminal only, like the client's."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # the client's dependency
+
+    class Bar(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.pop("bar_format", None)
+            kwargs.pop("name", None)
+            if kwargs.get("desc") == "Downloading bytes":  # for plain HTTP: the same bytes again
+                kwargs["disable"] = True
+            kwargs.setdefault("disable", None)  # None: shown on a terminal only
+            super().__init__(*args, **kwargs)
+
+    return Bar
 
 
 def _git_blob_sha1(path: Path) -> str:
