@@ -555,3 +555,16 @@ def test_a_repo_another_tool_cached_is_checked_not_downloaded_again(
     assert fetched[f"{IMMICH}/visual/model.onnx"] == 1
     assert vectors(env, "ViT-B-32__openai", photos) == vectors(env, str(repos["immich"]), photos)
     assert hub.downloads == fetched  # listed and verified, not fetched again
+
+
+def test_a_copied_cache_loads_offline_elsewhere(
+    env: dict[str, str], hub: FakeHub, photos: Path, tmp_path: Path
+) -> None:
+    online = vectors(env, "clip-ViT-B-32__fastembed", photos)  # two repos: vision + text
+    other = tmp_path / "other-machine-cache"
+    shutil.copytree(env["HF_HUB_CACHE"], other, symlinks=True)
+    shutil.rmtree(env["HF_HUB_CACHE"])
+    before = hub.total()
+    moved = dict(env, HF_HUB_CACHE=str(other))
+    assert vectors(moved, "clip-ViT-B-32__fastembed", photos, offline=True) == online
+    assert hub.total() == before

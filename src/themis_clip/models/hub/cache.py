@@ -121,7 +121,7 @@ def from_record(
     text_path = None
     text_repo = record.get("text_repo")
     if isinstance(text_repo, str):
-        text_path = Path(text_repo)
+        text_path = storage.parent / text_repo  # relative to the cache: it can be copied
         if not text_path.is_file():
             return None
         digests[str(text_path)] = record["text_sha256"]

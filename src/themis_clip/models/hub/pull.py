@@ -145,7 +145,7 @@ def _pull_locked(
     text_repo = source.entry.text_repo if source.entry is not None else None
     if text_repo:
         text = pull(text_repo, cache_dir=cache_dir, progress=progress)
-        new_record["text_repo"] = str(text.path)
+        new_record["text_repo"] = text.path.relative_to(storage.parent).as_posix()
         new_record["text_sha256"] = text.digests[str(text.path)]
         tok = text.path.parent / "tokenizer.json"
         if str(tok) in text.digests:
