@@ -568,3 +568,36 @@ def test_a_copied_cache_loads_offline_elsewhere(
     moved = dict(env, HF_HUB_CACHE=str(other))
     assert vectors(moved, "clip-ViT-B-32__fastembed", photos, offline=True) == online
     assert hub.total() == before
+
+
+def test_reload_by_name_refuses_odd_strings(env: dict[str, str], hub: FakeHub) -> None:
+    from fastapi.testclient import TestClient
+
+    from themis_clip.config import PluginConfig
+    from themis_clip.server.app import create_app
+    from themis_clip.server.settings import ServerSettings
+
+    app = create_app(
+        ServerSettings(
+            plugin_config=PluginConfig.from_dict(
+                {"model": {"path": str(hub.repos[IMMICH].folder)}}
+            ),
+            admin_token=TOKEN,
+            warmup=False,
+        )
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(app) as c:
+        for model, status in (
+            ("\x00", 422),
+            ("\ud83d", 400),  # the JSON parser refuses a lone surrogate first
+            ("a/b@../../x", 404),
+            ("/etc", 422),  # a local path goes in "path", inside the model root
+            ("x" * 301, 422),
+        ):
+            text = json.dumps({"model": model}).encode("utf-8", "surrogatepass")
+            r = c.post(
+                "/admin/reload", content=text, headers={**auth, "content-type": "application/json"}
+            )
+            assert r.status_code == status, (model, r.text)
+            assert set(r.json()["error"]) == {"type", "message"}

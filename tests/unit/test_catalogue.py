@@ -112,6 +112,9 @@ def test_resolution_rules(tmp_path: Path) -> None:
         parse_source("ViT-B32__openai")
     with pytest.raises(ModelNotFoundError, match="model path not found"):
         parse_source(str(tmp_path / "missing.onnx"))
+    for bad in ("a/b@../../etc", "a/b@x\x00", "\x00", "\ud83d/x"):
+        with pytest.raises(ModelNotFoundError):
+            parse_source(bad)
 
 
 def test_one_allow_list_per_layout() -> None:

@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 DEFAULT_REVISION = "main"
 
@@ -79,10 +80,12 @@ def parse_source(text: str, *, revision: str | None = None) -> ModelSource:
     """
     raw = text.strip()
     local = Path(raw).expanduser()
-    if raw and local.exists():
+    if raw and _exists(local):
         return ModelSource(text=text, path=local)
     name, _, rev = raw.partition("@")
     rev = revision or rev or DEFAULT_REVISION
+    if not _REVISION.match(rev) or ".." in rev.split("/"):
+        raise ModelNotFoundError(f"not a revision (branch, tag or commit): {rev!r}")
     entry = find_entry(name)
     if entry is not None:
         return ModelSource(text=text, repo=entry.repo, revision=rev, entry=entry)
@@ -99,6 +102,13 @@ def parse_source(text: str, *, revision: str | None = None) -> ModelSource:
         f"unknown model {name!r}: not a local path, a catalogue name or a Hub repo id "
         f"(org/name){hint} (themis-clip models list shows the catalogue)"
     )
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a NUL byte, a lone surrogate, a name too long
+        return False
 
 
 # --- layouts: what a repo holds and what to fetch of it --------------------------------------

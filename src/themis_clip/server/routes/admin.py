@@ -146,6 +146,12 @@ async def _named_model(request: Request, state: AppState, body: ReloadRequest) -
     stay inside the model root.
     """
     name = body.model or ""
+    if not name or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        raise APIError(
+            422,
+            "ValidationError",
+            "model: must be a non-empty name without control characters or lone surrogates",
+        )
     try:
         source = hub.parse_source(name)
     except ModelNotFoundError as exc:
