@@ -326,7 +326,7 @@ class PluginConfig:
         r = JSONReader(data, "", base_dir)
         model_r = r.section("model", required=True)
         model = ModelConfig(
-            path=model_r.path("path", required=True) or "",
+            path=model_r.path("path", required=True, name_ok=True) or "",
             name=model_r.get("name", str),
             embedding_dim=model_r.positive_int("embedding_dim"),
             expected_sha256=model_r.sha256("expected_sha256"),

@@ -103,7 +103,7 @@ class JSONReader:
             raise ConfigError(f"must be a list of {what}, got {value!r}", key=self._key(key))
         return (float(value[0]), float(value[1]), float(value[2]))
 
-    def path(self, key: str, *, required: bool = False) -> str | None:
+    def path(self, key: str, *, required: bool = False, name_ok: bool = False) -> str | None:
         value: str | None = self.get(key, str)
         if value is None or not value.strip():
             if required:
@@ -111,7 +111,11 @@ class JSONReader:
             return None
         expanded = os.path.expanduser(value)
         if self._base_dir is not None and not os.path.isabs(expanded):
-            expanded = os.path.join(self._base_dir, expanded)
+            joined = os.path.join(self._base_dir, expanded)
+            # model.path may name a Hub model (models/hub): an existing path wins.
+            if name_ok and not os.path.exists(joined) and not value.startswith((".", "~")):
+                return value
+            expanded = joined
         return expanded
 
     def sha256(self, key: str) -> str | Mapping[str, str] | None:

@@ -22,6 +22,7 @@ from themis_clip.errors import BackendUnavailableError, ModelFormatError, ModelM
 from themis_clip.interface import BackendType
 from themis_clip.models.external_data import MappingUnavailable, mapped_model
 from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.models.hub import resolve as resolve_source
 from themis_clip.models.layout import model_identity_digest, resolve_model
 from themis_clip.models.spec import ImageSpec, ModelSpec
 from themis_clip.preprocess.image import ImagePreprocessor
@@ -57,14 +58,17 @@ def load_model(
         ModelError (and subclasses), BackendUnavailableError, ConfigError.
     """
     mc = config.model
+    # A path, Hub repo id or catalogue name → a local, verified model (models/hub.py).
+    local = resolve_source(mc.path, precision=mc.variant)
     spec = resolve_model(
-        mc.path,
-        name=mc.name,
-        text_path=mc.text_path,
+        local.path,
+        name=mc.name or (local.source.label if local.source.repo else None),
+        text_path=mc.text_path or local.text_path,
         tokenizer_path=mc.tokenizer_path,
         variant=mc.variant,
     )
-    digest = model_identity_digest(spec, mc.expected_sha256, hash_fn)
+    expected = mc.expected_sha256 if mc.expected_sha256 is not None else local.digests or None
+    digest = model_identity_digest(spec, expected, hash_fn)
     settings = SessionSettings(
         intra_op_threads=config.intra_op_threads,
         device_id=config.device_id,

@@ -25,7 +25,9 @@ class CLIError(ThemisClipError):
 
 def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", help="model directory or image-tower .onnx (default: the shipped demo model)"
+        "--model",
+        help="model directory, image-tower .onnx, Hub repo id (org/name[@rev]) or catalogue "
+        "name (themis-clip models list); default: the shipped demo model",
     )
     p.add_argument("--config", help="JSON config file (the seed's format)")
     p.add_argument("--backend", choices=[b.value for b in BackendType], help="execution backend")

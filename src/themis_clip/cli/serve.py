@@ -28,6 +28,11 @@ def register(sub: Any) -> None:
     index_args(p, default=None)
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
     p.add_argument(
+        "--allow-pull",
+        action="store_true",
+        help='/admin/reload {"model": NAME} may download an uncached model (in the background)',
+    )
+    p.add_argument(
         "--max-queue", type=int, default=4096, help="waiting items before 429 (413 beyond it)"
     )
     p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="batch fill wait")
@@ -100,6 +105,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         index_path=index_location(args, default=None),
         search_settings=graph_settings(args),
         model_root=args.model_root,
+        allow_pull=args.allow_pull,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_queue=args.max_queue,

@@ -74,7 +74,15 @@ class SearchRequest(_Strict):
 
 
 class ReloadRequest(_Strict):
-    path: str = Field(description="model path, relative to (and inside) the server's model root")
+    path: str | None = Field(
+        default=None, description="model path, relative to (and inside) the server's model root"
+    )
+    model: str | None = Field(
+        default=None,
+        max_length=300,
+        description="instead of path: a catalogue name or Hub repo id (org/name[@rev]); cached "
+        "models only, unless the server runs with --allow-pull",
+    )
     variant: str | None = None
     expected_sha256: str | None = None
     enable_mmap_loading: bool | None = None

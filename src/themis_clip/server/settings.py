@@ -21,6 +21,7 @@ class ServerSettings:
         search_settings: the search self-tuner's target recall and graph vector type.
         model_root: folder that ``/admin/reload`` paths must stay inside (None: reload disabled).
         admin_token: bearer token for ``/admin/*`` (None: admin endpoints disabled).
+        allow_pull: ``/admin/reload {"model": NAME}`` may download an uncached model.
         max_body_bytes: larger request bodies get 413.
         max_queue: waiting items per batcher before 429 (a request with more items than this
             gets 413; the default holds the largest request twice: 2,048 texts).
@@ -42,6 +43,7 @@ class ServerSettings:
     search_settings: GraphSettings = field(default_factory=GraphSettings)
     model_root: str | None = None
     admin_token: str | None = None
+    allow_pull: bool = False
     max_body_bytes: int = 20 * 2**20
     max_queue: int = 4096
     max_queue_delay_ms: float = 5.0

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from themis_clip.errors import IndexModelMismatchError
+from themis_clip.errors import IndexModelMismatchError, ModelNotFoundError, ThemisClipError
+from themis_clip.models import hub
 from themis_clip.server.errors import APIError, validation_message
 from themis_clip.server.routes import ops
 from themis_clip.server.schemas import ReloadRequest
@@ -53,9 +55,10 @@ async def _body(request: Request) -> ReloadRequest:
 
 
 @router.get("/stats")
-async def admin_stats(state: StateDep) -> dict[str, Any]:
+async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     """All statistics, reload errors with their paths and runtime messages included."""
     out = ops.full_stats(state)
+    out["pulls"] = dict(request.app.state.__dict__.get("hub_pulls", {}))
     if state.index is not None:
         index = state.index
 
@@ -68,17 +71,36 @@ async def admin_stats(state: StateDep) -> dict[str, Any]:
 
 
 @router.post("/reload")
-async def reload(request: Request, state: StateDep) -> dict[str, Any]:
+async def reload(request: Request, state: StateDep) -> Any:
     body = await _body(request)
     settings = state.settings
-    if not settings.model_root:
+    if (body.path is None) == (body.model is None):
         raise APIError(
-            403, "Forbidden", "model reload is disabled (start the server with --model-root)"
+            422,
+            "ValidationError",
+            "send one of path (a folder inside the model root) or model (a catalogue name or "
+            "Hub repo id)",
         )
-    target = _inside_root(settings.model_root, body.path)
-    base = settings.plugin_config
+    if body.model is not None:
+        target = await _named_model(request, state, body)
+        if target is None:  # pulling in the background; the old model serves meanwhile
+            return JSONResponse(
+                status_code=202,
+                content={"reloaded": False, "pulling": body.model, "status": "/admin/stats"},
+            )
+    else:
+        if not settings.model_root:
+            raise APIError(
+                403, "Forbidden", "model reload is disabled (start the server with --model-root)"
+            )
+        target = str(_inside_root(settings.model_root, body.path or ""))
+    return await _apply(state, body, target)
+
+
+async def _apply(state: AppState, body: ReloadRequest, target: str) -> dict[str, Any]:
+    base = state.settings.plugin_config
     model_changes: dict[str, Any] = {
-        "path": str(target),
+        "path": target,
         "variant": body.variant,
         "expected_sha256": body.expected_sha256,
         "name": None,
@@ -115,6 +137,57 @@ async def reload(request: Request, state: StateDep) -> dict[str, Any]:
         "generation": state.plugin.get_statistics()["generation"],
         "space_changed": bool(report and report.space_changed),
     }
+
+
+async def _named_model(request: Request, state: AppState, body: ReloadRequest) -> str | None:
+    """A cached model's name to reload now, or None when a background pull was started.
+
+    Names resolve as ``--model`` does (models/hub); only repos, never local paths, which must
+    stay inside the model root.
+    """
+    name = body.model or ""
+    if not name or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+        raise APIError(
+            422,
+            "ValidationError",
+            "model: must be a non-empty name without control characters or lone surrogates",
+        )
+    try:
+        source = hub.parse_source(name)
+    except ModelNotFoundError as exc:
+        raise APIError(404, "ModelNotFound", str(exc)) from None
+    if source.repo is None:
+        raise APIError(
+            422,
+            "ValidationError",
+            "model: a catalogue name or Hub repo id; a folder goes in path (inside the model root)",
+        )
+    try:
+        await asyncio.to_thread(hub.resolve, name, precision=body.variant, allow_download=False)
+        return name
+    except ModelNotFoundError as exc:
+        if not state.settings.allow_pull:
+            raise APIError(409, "ModelNotCached", str(exc)) from None
+    pulls: dict[str, dict[str, Any]] = request.app.state.__dict__.setdefault("hub_pulls", {})
+    if pulls.get(name, {}).get("state") == "pulling":
+        return None
+    pulls[name] = {"state": "pulling", "error": None}
+
+    async def pull_then_reload() -> None:
+        try:
+            await asyncio.to_thread(hub.pull, name, precision=body.variant, progress=False)
+            result = await _apply(state, body, name)
+            pulls[name] = {"state": "reloaded", "error": None, "model_id": result["model_id"]}
+        except APIError as exc:
+            pulls[name] = {"state": "failed", "error": exc.message}
+        except ThemisClipError as exc:
+            pulls[name] = {"state": "failed", "error": str(exc)}
+
+    tasks: set[asyncio.Task[None]] = request.app.state.__dict__.setdefault("hub_tasks", set())
+    task = asyncio.create_task(pull_then_reload())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return None
 
 
 def _inside_root(root: str, requested: str) -> Path:

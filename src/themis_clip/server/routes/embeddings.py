@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from themis_clip.models import hub
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for, vector
 from themis_clip.server.schemas import OpenAIEmbeddingsRequest, TextRequest
@@ -31,6 +32,8 @@ def _model_card(state: AppState) -> dict[str, Any]:
         "embedding_dim": identity.embedding_dim,
         "modalities": ["image", "text"] if stats["text_tower"] else ["image"],
         "image_size": stats["image_size"],
+        # Served by name (models/hub): its catalogue name, repo, revision and commit.
+        "source": hub.describe(plugin.config.model.path) if plugin.config else None,
     }
 
 
@@ -43,7 +46,8 @@ async def list_models(state: StateDep) -> dict[str, Any]:
 @router.get("/v1/models/{model:path}")
 async def get_model(model: str, state: StateDep) -> dict[str, Any]:
     card = _model_card(state)
-    if model not in (card["id"], card["name"]):
+    source = card["source"] or {}
+    if model not in (card["id"], card["name"], source.get("catalogue_name"), source.get("repo")):
         raise APIError(404, "ModelNotFound", f"no model {model!r}; this server serves {card['id']}")
     return card
 

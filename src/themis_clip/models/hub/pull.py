@@ -1,0 +1,381 @@
+"""The network side: ask the Hub for a commit and its listing, fetch, verify, export.
+
+This module is the home of ``huggingface_hub`` (its errors are translated here into ours).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from themis_clip.errors import IntegrityError, ModelError, ModelFormatError, ModelNotFoundError
+from themis_clip.files import sha256_of
+from themis_clip.models.catalogue import RepoLayout
+from themis_clip.models.hub.cache import (
+    RECORD_FORMAT,
+    cached,
+    from_record,
+    read_record,
+    repo_lock,
+    storage_dir,
+    write_record,
+    write_ref,
+)
+from themis_clip.models.hub.source import (
+    ModelSource,
+    ResolvedModel,
+    detect_layout,
+    parse_source,
+    select_files,
+)
+
+__all__ = ["progress_bar_class", "pull", "resolve"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve(
+    text: str,
+    *,
+    revision: str | None = None,
+    precision: str | None = None,
+    allow_download: bool = True,
+    cache_dir: str | Path | None = None,
+) -> ResolvedModel:
+    """Turn a model string into a local, verified model (pulling it if allowed and needed).
+
+    A cached, verified model is used without any network request.
+
+    Raises:
+        ModelNotFoundError: unknown name, no such repo or revision, gated, or not cached while
+            offline / downloads not allowed. ModelFormatError: a repo layout we cannot load.
+        IntegrityError: a downloaded file differs from the digest the Hub lists.
+    """
+    source = parse_source(text, revision=revision)
+    if source.path is not None:
+        return ResolvedModel(path=source.path, source=source)
+    assert source.repo is not None
+    found = cached(source, precision, cache_dir)
+    if found is not None:
+        return found
+    if not allow_download:
+        raise ModelNotFoundError(
+            f"model {source.label} ({source.repo}@{source.revision}) is not in the cache and "
+            "downloads are not allowed here: run `themis-clip models pull "
+            f"{source.label}` first (or start the server with --allow-pull)"
+        )
+    return pull(text, revision=revision, precision=precision, cache_dir=cache_dir)
+
+
+def pull(
+    text: str,
+    *,
+    revision: str | None = None,
+    precision: str | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+) -> ResolvedModel:
+    """Ask the Hub for the revision's commit, fetch what is missing, verify, record.
+
+    Raises: as :func:`resolve`.
+    """
+    source = parse_source(text, revision=revision)
+    if source.path is not None:
+        return ResolvedModel(path=source.path, source=source)
+    assert source.repo is not None
+    listing = _remote_listing(source, cache_dir)  # read-only: before the lock
+    # One process at a time fetches a repo; the next one finds the record and fetches nothing.
+    with repo_lock(source.repo, cache_dir):
+        return _pull_locked(source, listing, precision, cache_dir, progress)
+
+
+def _pull_locked(
+    source: ModelSource,
+    listing: tuple[str, dict[str, dict[str, Any]]],
+    precision: str | None,
+    cache_dir: str | Path | None,
+    progress: bool,
+) -> ResolvedModel:
+    assert source.repo is not None
+    repo = source.repo
+    storage = storage_dir(repo, cache_dir)
+    commit, tree = listing
+    record = read_record(storage, commit)
+    if record is not None:
+        found = from_record(source, storage, commit, record, precision)
+        if found is not None:
+            write_ref(storage, source.revision, commit)
+            return found
+    layout = source.entry.layout if source.entry is not None else None
+    layout = detect_layout(list(tree)) if layout is None else layout
+    if layout is None or detect_layout(list(tree)) is None:
+        shown = ", ".join(sorted(tree)[:8]) + (" ..." if len(tree) > 8 else "")
+        raise ModelFormatError(
+            f"{repo}@{source.revision} holds no model layout we load (immich, transformers.js, "
+            f"fastembed, themis-clip, clip-as-service/lakera ONNX, or a transformers PyTorch "
+            f"checkpoint); its files: {shown or 'none'}"
+        )
+    if layout == RepoLayout.PYTORCH:
+        exporter = _exporter(source)  # fail before downloading gigabytes we cannot use
+    needed = select_files(list(tree), layout, precision)
+    snapshot = _download(repo, commit, needed, cache_dir, progress)
+    verified = dict(record["verified"]) if record else {}
+    for rel in needed:
+        verified[rel] = _verify_file(repo, commit, snapshot / rel, rel, tree[rel])
+    new_record: dict[str, Any] = {
+        "format": RECORD_FORMAT,
+        "repo": repo,
+        "commit": commit,
+        "layout": layout,
+        "tree": tree,
+        "verified": verified,
+        "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "exports": dict(record.get("exports", {})) if record else {},
+    }
+    if layout == RepoLayout.PYTORCH:
+        new_record["exports"][precision or "fp32"] = _export(
+            exporter, source, storage, snapshot, commit, precision or "fp32"
+        )
+    text_repo = source.entry.text_repo if source.entry is not None else None
+    if text_repo:
+        text = pull(text_repo, cache_dir=cache_dir, progress=progress)
+        new_record["text_repo"] = text.path.relative_to(storage.parent).as_posix()
+        new_record["text_sha256"] = text.digests[str(text.path)]
+        tok = text.path.parent / "tokenizer.json"
+        if str(tok) in text.digests:
+            new_record["text_tokenizer_sha256"] = text.digests[str(tok)]
+    write_record(storage, commit, new_record)
+    write_ref(storage, source.revision, commit)
+    found = from_record(source, storage, commit, new_record, precision)
+    if found is None:
+        raise ModelError(f"{repo}@{commit}: pulled but the cache is incomplete")
+    log.info("model %s pulled: %s@%s, %d files verified", source.label, repo, commit, len(needed))
+    return ResolvedModel(
+        path=found.path,
+        text_path=found.text_path,
+        source=source,
+        commit=commit,
+        layout=layout,
+        digests=found.digests,
+        downloaded=True,
+    )
+
+
+def _hub_errors(source: ModelSource) -> Callable[[BaseException], ModelError]:
+    """A translator of ``huggingface_hub`` / transport errors into ours, for ``source``."""
+    from huggingface_hub import errors as hf_errors
+
+    repo, rev, label = source.repo, source.revision, source.label
+
+    def translate(exc: BaseException) -> ModelError:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if isinstance(exc, hf_errors.GatedRepoError) or status in (401, 403):
+            return ModelNotFoundError(
+                f"{repo} is gated or private (HTTP {status}): accept its terms on the Hub and "
+                "set HF_TOKEN to a token that may read it"
+            )
+        if isinstance(exc, hf_errors.RevisionNotFoundError):
+            return ModelNotFoundError(f"{repo} has no revision {rev!r} (branch, tag or commit)")
+        if isinstance(exc, hf_errors.RepositoryNotFoundError):
+            return ModelNotFoundError(f"no repository {repo} on the Hub")
+        if isinstance(exc, hf_errors.HfHubHTTPError) and status is not None:
+            return ModelNotFoundError(f"the Hub answered HTTP {status} for {repo}: {exc}")
+        if isinstance(exc, hf_errors.OfflineModeIsEnabled):
+            why = "HF_HUB_OFFLINE is set"
+        else:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '?'}"
+        return ModelNotFoundError(
+            f"model {label} ({repo}@{rev}) is not cached and the Hub cannot be reached "
+            f"({why}). "
+            f"On a machine that can reach it, run `themis-clip models pull {label}`, then copy "
+            f"its cache folder {storage_dir(str(repo), None).name} into this machine's "
+            "HF_HUB_CACHE (default ~/.cache/huggingface/hub)"
+        )
+
+    return translate
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+
+    return (OSError, httpx2.HTTPError)
+
+
+def _remote_listing(
+    source: ModelSource, cache_dir: str | Path | None
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """``(commit, {path: {size, sha256 | None, blob_id}})`` of the repo at the revision."""
+    from huggingface_hub import HfApi, RepoFile
+
+    translate = _hub_errors(source)
+    assert source.repo is not None
+    api = HfApi()
+    try:
+        info = api.model_info(source.repo, revision=source.revision)
+        commit = info.sha
+        if commit is None:
+            raise ModelNotFoundError(f"the Hub gave no commit for {source.repo}")
+        tree = {
+            f.path: {
+                "size": f.size,
+                "blob_id": f.blob_id,
+                "sha256": f.lfs.sha256 if f.lfs is not None else None,
+            }
+            for f in api.list_repo_tree(source.repo, revision=commit, recursive=True)
+            if isinstance(f, RepoFile)
+        }
+    except ModelError:
+        raise
+    except _transport_errors() as exc:
+        raise translate(exc) from None
+    return commit, tree
+
+
+def _download(
+    repo: str, commit: str, files: list[str], cache_dir: str | Path | None, progress: bool
+) -> Path:
+    from huggingface_hub import snapshot_download
+
+    translate = _hub_errors(ModelSource(text=repo, repo=repo, revision=commit))
+    try:
+        folder = snapshot_download(
+            repo,
+            revision=commit,
+            allow_patterns=files,
+            cache_dir=str(cache_dir) if cache_dir is not None else None,
+            tqdm_class=progress_bar_class() if progress else _SilentBar,
+        )
+    except _transport_errors() as exc:
+        raise translate(exc) from None
+    return Path(folder)
+
+
+class _SilentBar:
+    """A do-nothing progress bar (``progress=False``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.n = 0
+        self.total = kwargs.get("total")
+
+    def __enter__(self) -> _SilentBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def update(self, n: float | None = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def set_description(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def set_description_str(self, *a: Any, **k: Any) -> None:
+        pass
+
+    def set_postfix_str(self, *a: Any, **k: Any) -> None:
+        pass
+
+
+def progress_bar_class() -> type[Any]:
+    """The client's bars in tqdm's own format: bytes, rate and ETA (the client's byte-bar
+    format shows no ETA); on a terminal only, like the client's."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # the client's dependency
+
+    class Bar(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.pop("bar_format", None)
+            kwargs.pop("name", None)
+            if kwargs.get("desc") == "Downloading bytes":  # for plain HTTP: the same bytes again
+                kwargs["disable"] = True
+            kwargs.setdefault("disable", None)  # None: shown on a terminal only
+            super().__init__(*args, **kwargs)
+
+    return Bar
+
+
+def _git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify_file(repo: str, commit: str, path: Path, rel: str, entry: Mapping[str, Any]) -> str:
+    """Check a fetched file against the listing; on a mismatch delete it and refuse."""
+    expected = entry.get("sha256")
+    actual = sha256_of(path)
+    if expected is not None:
+        if actual == str(expected).lower():
+            return actual
+        _evict(path)
+        raise IntegrityError(
+            f"{repo}@{commit[:12]}: {rel} is corrupt: the Hub lists SHA-256 {expected}, the "
+            f"downloaded file has {actual}; the cached copy was deleted, pull again"
+        )
+    blob = _git_blob_sha1(path)
+    if blob != str(entry.get("blob_id")):
+        _evict(path)
+        raise IntegrityError(
+            f"{repo}@{commit[:12]}: {rel} is corrupt: the Hub lists git blob "
+            f"{entry.get('blob_id')}, the downloaded file has {blob}; the cached copy was "
+            "deleted, pull again"
+        )
+    return actual
+
+
+def _evict(path: Path) -> None:
+    """Delete a cached file: the blob the snapshot link points to, and the link."""
+    target = path.resolve()
+    for p in (target, path):
+        with suppress(FileNotFoundError):
+            p.unlink()
+
+
+def _exporter(source: ModelSource) -> Callable[..., Any]:
+    try:
+        from themis_clip.export import hf
+    except ImportError as exc:
+        alt = source.entry.onnx_alternative if source.entry is not None else None
+        ready = f"; or use the ready ONNX model {alt!r}" if alt else ""
+        raise ModelFormatError(
+            f"{source.repo} is a PyTorch checkpoint: exporting it on pull needs the export extra "
+            f"({exc.name} is missing): pip install 'themis-onnx-clip[export]'{ready}"
+        ) from None
+    return hf.export_hf_checkpoint
+
+
+def _export(
+    exporter: Callable[..., Any],
+    source: ModelSource,
+    storage: Path,
+    snapshot: Path,
+    commit: str,
+    precision: str,
+) -> dict[str, Any]:
+    rel = f"themis/export/{commit}-{precision.replace(',', '+')}"
+    out = storage / rel
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    precisions = ["fp32", *[p for p in precision.split(",") if p and p != "fp32"]]
+    log.info("exporting %s@%s to ONNX (%s)", source.repo, commit[:12], ",".join(precisions))
+    exporter(snapshot, tmp, precisions=precisions, name=source.label)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    files = {
+        p.relative_to(out).as_posix(): sha256_of(p) for p in sorted(out.rglob("*")) if p.is_file()
+    }
+    return {"path": rel, "files": files}
