@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import photo_like
-from themis_clip.index.store import IndexStore
+from themis_clip.index.stores.sqlite import IndexStore
 
 pytestmark = pytest.mark.slow
 FILES = 240

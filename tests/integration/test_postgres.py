@@ -111,7 +111,7 @@ def test_kill_9_during_pgvector_indexing(
 
     import numpy as np
 
-    from themis_clip.index.pgstore import PgStore
+    from themis_clip.index.stores.postgres import PgStore
 
     files = 120
     folder = tmp_path / "photos"

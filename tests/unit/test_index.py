@@ -17,7 +17,8 @@ from themis_clip import EmbeddingResult, IndexModelMismatchError, SearchIndexErr
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.indexer import index_folder, walk_images
 from themis_clip.index.search import ModelStamp, VectorIndex, top_k
-from themis_clip.index.store import SCHEMA_VERSION, IndexStore, ItemRow
+from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores.sqlite import SCHEMA_VERSION, IndexStore
 
 DIM = 16
 STAMP = ModelStamp(model_id="fake@abc", sha256="ab" * 32, dim=DIM)

@@ -9,9 +9,9 @@ import pytest
 from tests.pg import PgServer
 from tests.unit.test_search_tuning import clustered
 from themis_clip import SearchIndexError
-from themis_clip.index.pgstore import PgStore, redact
 from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.store import ItemRow
+from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores.postgres import PgStore, redact
 
 
 def test_unreachable_and_unauthorised_servers_are_clear_errors(pg_server: PgServer) -> None:

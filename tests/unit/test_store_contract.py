@@ -15,8 +15,7 @@ from tests.unit.test_index import STAMP, FakeEmbedder, unit, write_png
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.store import ItemRow
-from themis_clip.index.stores import open_store
+from themis_clip.index.stores import ItemRow, open_store
 
 DIM = 16
 

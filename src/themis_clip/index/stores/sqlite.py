@@ -38,7 +38,8 @@ import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, repair, validate_filters
-from themis_clip.index.rows import (
+from themis_clip.index.stores.base import StoreKind
+from themis_clip.index.stores.rows import (
     COLUMNS,
     ItemRow,
     StoredItem,
@@ -123,9 +124,7 @@ class IndexStore:
         readonly: open without write access (``mode=ro``); a missing file is an error.
     """
 
-    kind = "sqlite"
-    #: Searched by :class:`~themis_clip.index.search.VectorIndex` (numpy or the HNSW graph).
-    searches_itself = False
+    kind = StoreKind.SQLITE
 
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)

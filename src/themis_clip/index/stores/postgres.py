@@ -35,9 +35,9 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -45,10 +45,15 @@ import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, validate_filters
-from themis_clip.index.rows import COLUMNS, ItemRow, StoredItem, checked, like_under, stored_item
-
-if TYPE_CHECKING:
-    from themis_clip.index.tuning import GraphSettings
+from themis_clip.index.stores.base import StoreKind
+from themis_clip.index.stores.rows import (
+    COLUMNS,
+    ItemRow,
+    StoredItem,
+    checked,
+    like_under,
+    stored_item,
+)
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
 
@@ -120,8 +125,7 @@ class PgStore:
         readonly: every transaction read-only; an unmigrated database is an error.
     """
 
-    kind = "postgresql"
-    searches_itself = True
+    kind = StoreKind.POSTGRESQL
 
     def __init__(self, url: str, *, readonly: bool = False, connect_timeout_s: int = 10) -> None:
         self.url = url
@@ -138,7 +142,6 @@ class PgStore:
             self._conn.close()
             raise
         self._writing = 0  # the write_version the open transaction commits as
-        self._plan_cache: tuple[str | None, dict[str, Any] | None] = ("", None)
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -168,6 +171,19 @@ class PgStore:
                 yield self._conn
             except psycopg.Error as exc:
                 raise SearchIndexError(f"PostgreSQL ({self.path}): {_first_line(exc)}") from exc
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """The connection for a searcher's own SQL (:mod:`..searchers.postgres`), as
+        :meth:`_db` gives it: under the store's lock, psycopg errors translated."""
+        with self._db() as db:
+            yield db
+
+    def as_halfvec(self, vector: npt.NDArray[np.float32]) -> Any:
+        """``vector`` as a query parameter of type ``halfvec`` (pgvector's adapter)."""
+        from pgvector import HalfVector
+
+        return HalfVector(vector)
 
     def _register(self) -> None:
         from pgvector.psycopg import register_vector
@@ -480,7 +496,7 @@ class PgStore:
         rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
         return {int(r[0]): stored_item(r) for r in rows}
 
-    def _filter_sql(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    def filter_sql(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
         """One term per key: ``doc`` contains the pair (the GIN index finds candidates) and the
         value is equal as JSON (containment alone would let [1, 2] match [1])."""
         clauses, params = [], []
@@ -492,7 +508,7 @@ class PgStore:
 
     def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
         """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality)."""
-        where, params = self._filter_sql(filters)
+        where, params = self.filter_sql(filters)
         with self._db() as db:
             sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
             return {int(r[0]) for r in db.execute(sql, params).fetchall()}
@@ -538,133 +554,7 @@ class PgStore:
                 )
         return out
 
-    # -- search --------------------------------------------------------------------------------
-
-    def _hnsw_index(self, db: Any) -> bool:
-        row = db.execute("SELECT to_regclass('themis_items_hnsw')").fetchone()
-        return row[0] is not None
-
-    def _search_state(self) -> tuple[dict[str, Any] | None, bool]:
-        """The measured plan and whether the HNSW index exists, in one round trip, parsed
-        again only when the write version moved (recording a plan or an index moves it)."""
-        with self._db() as db:
-            version, text, indexed = db.execute(
-                "SELECT (SELECT value FROM themis_meta WHERE key = 'write_version'), "
-                "(SELECT value FROM themis_meta WHERE key = 'search_plan'), "
-                "to_regclass('themis_items_hnsw') IS NOT NULL"
-            ).fetchone()
-        if self._plan_cache[0] != version:
-            try:
-                plan = json.loads(text) if text else None
-            except ValueError:
-                plan = None
-            self._plan_cache = (version, plan if isinstance(plan, dict) else None)
-        return self._plan_cache[1], bool(indexed)
-
-    def search_mode(self) -> str:
-        return "pgvector" if self._search_state()[1] else "exact"
-
-    def nearest(
-        self,
-        query: npt.NDArray[np.float32],
-        k: int,
-        filters: Mapping[str, Any] | None,
-        *,
-        expansion_search: int | None = None,
-        exact: bool = False,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """Top ``k`` ``(ids, cosine scores)``: pgvector's HNSW index without filters; with
-        filters an exact scan of the matching rows (an HNSW scan filters after the fact and
-        could return fewer than ``k``)."""
-        plan, indexed = self._search_state()
-        ef = expansion_search or int((plan or {}).get("expansion_search") or 40)
-        q = np.ascontiguousarray(query, dtype=np.float32)
-        with self._db() as db, db.transaction():
-            if filters:
-                where, params = self._filter_sql(filters)
-                db.execute("SET LOCAL enable_indexscan = off")
-                sql = (
-                    "SELECT id, 1 - (embedding <=> %s) FROM themis_items "  # noqa: S608
-                    f"WHERE {where} ORDER BY embedding <=> %s LIMIT %s"
-                )
-                rows = db.execute(sql, [q, *params, q, k]).fetchall()
-            else:
-                exact = exact or k > _MAX_EF  # more than an HNSW scan can return: scan
-                if exact:
-                    db.execute("SET LOCAL enable_indexscan = off")
-                halfvec = not exact and self.halfvec and indexed
-                fetch = max(3 * k, 40) if halfvec else k  # halfvec candidates are re-scored
-                db.execute(f"SET LOCAL hnsw.ef_search = {min(max(fetch, ef), _MAX_EF)}")
-                if halfvec:
-                    rows = self._nearest_halfvec(db, q, k, fetch)
-                else:
-                    rows = db.execute(
-                        "SELECT id, 1 - (embedding <=> %s) FROM themis_items "
-                        "ORDER BY embedding <=> %s LIMIT %s",
-                        (q, q, k),
-                    ).fetchall()
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        scores = np.fromiter((r[1] for r in rows), dtype=np.float32, count=len(rows))
-        return ids, scores
-
-    def _nearest_halfvec(self, db: Any, q: Any, k: int, fetch: int) -> list[Any]:
-        """``fetch`` f16 candidates from the halfvec index, re-scored exactly against
-        ``embedding`` (the caller has set ``hnsw.ef_search``)."""
-        from pgvector import HalfVector
-
-        dim = len(q)
-        sql = (
-            "SELECT id, 1 - (embedding <=> %s) AS score FROM (SELECT id, embedding "  # noqa: S608
-            f"FROM themis_items ORDER BY embedding::halfvec({dim}) <=> %s::halfvec({dim}) "
-            "LIMIT %s) AS c ORDER BY score DESC LIMIT %s"
-        )
-        return list(db.execute(sql, (q, HalfVector(q), fetch, k)).fetchall())
-
-    def prepare(
-        self,
-        settings: GraphSettings,
-        *,
-        progress: Callable[[str, int, int], object] | None = None,
-    ) -> bool:
-        """Build pgvector's HNSW index if missing, then measure the smallest ``ef_search``
-        reaching the target recall@10 on a sample of stored vectors (recorded as the plan).
-
-        Returns:
-            True if the HNSW index was built.
-        """
-        count = self.count()
-        dim_text = self.meta().get("dim")
-        if not count or dim_text is None:
-            return False
-        dim = int(dim_text)
-        built = False
-        with self._db() as db:
-            if not self._hnsw_index(db):
-                if progress:
-                    progress("pgvector HNSW index", 0, count)
-                ops = (
-                    f"(embedding::halfvec({dim})) halfvec_cosine_ops"
-                    if self.halfvec
-                    else "embedding vector_cosine_ops"
-                )
-                # pgvector builds fast while the graph fits in memory: about the vectors plus
-                # 2m links of 8 bytes per item, with room; at least 1 GB, at most 8 GB.
-                need_mb = count * (4 * dim + 2 * 16 * 8 + 64) * 1.3 / 2**20
-                db.execute(f"SET maintenance_work_mem = '{int(min(max(need_mb, 1024), 8192))}MB'")
-                db.execute("SET max_parallel_maintenance_workers = 2")
-                db.execute(
-                    f"CREATE INDEX IF NOT EXISTS themis_items_hnsw ON themis_items "
-                    f"USING hnsw ({ops}) WITH (m = 16, ef_construction = 64)"
-                )
-                db.execute("RESET maintenance_work_mem")
-                db.execute("RESET max_parallel_maintenance_workers")
-                built = True
-                if progress:
-                    progress("pgvector HNSW index", count, count)
-        from themis_clip.index.pgtune import measure_ef_search
-
-        self.set_meta({"search_plan": json.dumps(measure_ef_search(self, settings, count))})
-        return built
+    # -- what the searcher reads -------------------------------------------------------------
 
     def sample(self, n: int) -> list[tuple[int, npt.NDArray[np.float32]]]:
         """``n`` stored ``(id, vector)`` pairs, the same ones each time (ordered by a hash)."""
@@ -673,20 +563,6 @@ class PgStore:
                 "SELECT id, embedding FROM themis_items ORDER BY md5(id::text) LIMIT %s", (n,)
             ).fetchall()
         return [(int(i), _np(v)) for i, v in rows]
-
-    def exact_nearest(
-        self, query: npt.NDArray[np.float32], k: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """Top ``k`` by a full scan (the HNSW index switched off): the ground truth."""
-        return self.nearest(query, k, None, exact=True)
-
-    def hnsw_bytes(self) -> int:
-        """The size of pgvector's HNSW index (0 before :meth:`prepare` built it)."""
-        with self._db() as db:
-            if not self._hnsw_index(db):
-                return 0
-            row = db.execute("SELECT pg_relation_size('themis_items_hnsw')").fetchone()
-        return int(row[0] or 0)
 
     # -- failures ------------------------------------------------------------------------------
 
