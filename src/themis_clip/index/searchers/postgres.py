@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
+from themis_clip.index.stores.pgschema import filter_sql
 from themis_clip.index.stores.postgres import PgStore
 
 __all__ = ["EF_SWEEP", "PgSearcher", "measure_ef_search"]
@@ -115,7 +116,7 @@ class PgSearcher:
         q = np.ascontiguousarray(query, dtype=np.float32)
         with self.store.connection() as db, db.transaction():
             if filters:
-                where, params = self.store.filter_sql(filters)
+                where, params = filter_sql(filters)
                 db.execute("SET LOCAL enable_indexscan = off")
                 sql = (
                     "SELECT id, 1 - (embedding <=> %s) FROM themis_items "  # noqa: S608

@@ -3,49 +3,43 @@
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
 metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
-and behaves the same (``tests/unit/test_store_contract.py`` runs one suite on both), but the
-database searches itself: pgvector's HNSW index (``vector_cosine_ops``), with
-``hnsw.ef_search`` measured by :meth:`PgStore.prepare` to reach the target recall. With
-pgvector 0.7 or later the HNSW index holds ``halfvec`` (f16) and its candidates are re-scored
-exactly against the stored float32 ``vector`` column, in the same query.
+and behaves the same (``tests/test_store_contract.py`` runs one suite on both). The database
+also searches itself (pgvector's HNSW index): that is :mod:`..searchers.postgres`, on this
+store's connection. The schema, its migrations and the filter SQL are in :mod:`.pgschema`.
 
 Why psycopg 3: the maintained PostgreSQL driver for Python (binary protocol, server-side
 parameters, thread-safe connections, clear exception classes); ``pgvector`` (the extension
 author's adapter) moves vectors as NumPy arrays in binary form.
 
-Schema (tables ``themis_*`` in the connection's schema; several collections in one database:
-``?options=-csearch_path%3Dname``), versioned in ``themis_meta.schema_version`` and migrated
-under an advisory lock, each migration in one transaction::
-
-    themis_meta(key PRIMARY KEY, value)        model_id, model_sha256, dim, write_version, ...
-    themis_items(id bigserial, key UNIQUE, path, size, mtime_ns, sha256, metadata text,
-                 doc jsonb, thumbnail bytea, written bigint, embedding vector(dim))
-    themis_failures(path PRIMARY KEY, size, mtime_ns, error)
-    themis_removed(id PRIMARY KEY, at)
-
-``metadata`` keeps the JSON text as given back; ``doc`` is the same JSON as ``jsonb`` for
-filters and facets (jsonb cannot hold U+0000, which ``doc`` holds as U+FFFD, in filters too).
 Every write is one transaction that first bumps ``write_version`` (its row lock orders writers);
 a killed client's open transaction is rolled back by the server, so nothing is half-written.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import encode, validate_filters
 from themis_clip.index.stores.base import StoreKind
+from themis_clip.index.stores.pgschema import (
+    INTEGRITY_SQL,
+    MIGRATION_LOCK,
+    MIGRATIONS,
+    PG_SCHEMA_VERSION,
+    TABLES,
+    filter_sql,
+    first_line,
+    jsonb_text,
+    redact,
+)
 from themis_clip.index.stores.rows import (
     COLUMNS,
     ItemRow,
@@ -58,63 +52,6 @@ from themis_clip.index.stores.rows import (
 __all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
 
 log = logging.getLogger(__name__)
-
-PG_SCHEMA_VERSION = 1
-_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
-_MAX_EF = 1000  # pgvector's largest hnsw.ef_search
-
-_MIGRATIONS: dict[int, list[str]] = {
-    1: [
-        "CREATE TABLE IF NOT EXISTS themis_meta (key text PRIMARY KEY, value text NOT NULL)",
-        """CREATE TABLE themis_items (
-            id bigserial PRIMARY KEY,
-            key text NOT NULL UNIQUE,
-            path text,
-            size bigint,
-            mtime_ns bigint,
-            sha256 text,
-            metadata text,
-            doc jsonb,
-            thumbnail bytea,
-            written bigint NOT NULL DEFAULT 0,
-            embedding vector NOT NULL
-        )""",
-        "CREATE INDEX themis_items_sha256 ON themis_items (sha256)",
-        "CREATE INDEX themis_items_path ON themis_items (path text_pattern_ops)",
-        "CREATE INDEX themis_items_written ON themis_items (written)",
-        "CREATE INDEX themis_items_doc ON themis_items USING gin (doc)",
-        """CREATE TABLE themis_failures (
-            path text PRIMARY KEY, size bigint, mtime_ns bigint, error text NOT NULL
-        )""",
-        "CREATE TABLE themis_removed (id bigint PRIMARY KEY, at bigint NOT NULL)",
-        "CREATE INDEX themis_removed_at ON themis_removed (at)",
-    ],
-}
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-# A JSON \u0000 escape: preceded by an even number of backslashes (an odd one is a literal).
-_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
-
-
-def _doc(text: str | None) -> str | None:
-    """The ``jsonb`` twin of stored metadata text (U+0000, which jsonb refuses, as U+FFFD)."""
-    if text is None:
-        return None
-    return _NUL_ESCAPE.sub(r"\1\\ufffd", text)
 
 
 class PgStore:
@@ -152,7 +89,7 @@ class PgStore:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self._timeout)
         except psycopg.Error as exc:
             raise SearchIndexError(
-                f"cannot connect to PostgreSQL at {self.path}: {_first_line(exc)}"
+                f"cannot connect to PostgreSQL at {self.path}: {first_line(exc)}"
             ) from exc
         if self.readonly:
             conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
@@ -170,7 +107,7 @@ class PgStore:
             try:
                 yield self._conn
             except psycopg.Error as exc:
-                raise SearchIndexError(f"PostgreSQL ({self.path}): {_first_line(exc)}") from exc
+                raise SearchIndexError(f"PostgreSQL ({self.path}): {first_line(exc)}") from exc
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
@@ -230,7 +167,7 @@ class PgStore:
         except psycopg.Error as exc:
             raise SearchIndexError(
                 f"database {database!r} at {self.path} has no pgvector extension enabled, and "
-                f"this role cannot enable it ({_first_line(exc)}); run "
+                f"this role cannot enable it ({first_line(exc)}); run "
                 "`CREATE EXTENSION vector;` in it as a superuser"
             ) from exc
         row = self._conn.execute(
@@ -270,10 +207,10 @@ class PgStore:
                     f"the index at {self.path} needs a migration; open it writable once"
                 )
             with self._conn.transaction():
-                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
                 version = self._schema_version()  # another process may have just migrated
                 for target in range(version + 1, PG_SCHEMA_VERSION + 1):
-                    for step in _MIGRATIONS[target]:
+                    for step in MIGRATIONS[target]:
                         self._conn.execute(step)
                     self._conn.execute(
                         "INSERT INTO themis_meta(key, value) VALUES('schema_version', %s) "
@@ -286,7 +223,7 @@ class PgStore:
                 )
         except psycopg.Error as exc:
             raise SearchIndexError(
-                f"cannot open the index at {self.path}: {_first_line(exc)}"
+                f"cannot open the index at {self.path}: {first_line(exc)}"
             ) from exc
 
     @staticmethod
@@ -295,10 +232,7 @@ class PgStore:
         store = PgStore(url)
         try:
             with store._db() as db, db.transaction():
-                db.execute(
-                    "DROP TABLE IF EXISTS themis_items, themis_failures, themis_removed, "
-                    "themis_meta CASCADE"
-                )
+                db.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
         finally:
             store.close()
 
@@ -362,7 +296,17 @@ class PgStore:
         for r in rows:
             vec, meta = checked(r, dim)
             values.append(
-                (r.key, r.path, r.size, r.mtime_ns, r.sha256, meta, _doc(meta), r.thumbnail, vec)
+                (
+                    r.key,
+                    r.path,
+                    r.size,
+                    r.mtime_ns,
+                    r.sha256,
+                    meta,
+                    jsonb_text(meta),
+                    r.thumbnail,
+                    vec,
+                )
             )
         with self.transaction() as db:
             self._set_dimension(db, dim)
@@ -496,19 +440,9 @@ class PgStore:
         rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
         return {int(r[0]): stored_item(r) for r in rows}
 
-    def filter_sql(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
-        """One term per key: ``doc`` contains the pair (the GIN index finds candidates) and the
-        value is equal as JSON (containment alone would let [1, 2] match [1])."""
-        clauses, params = [], []
-        for key, value in validate_filters(filters).items():
-            text = _doc(encode(value))
-            clauses.append("(doc @> %s::jsonb AND doc -> %s = %s::jsonb)")
-            params += [json.dumps({key: json.loads(text or "null")}), key, text]
-        return " AND ".join(clauses), params
-
     def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
         """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality)."""
-        where, params = self.filter_sql(filters)
+        where, params = filter_sql(filters)
         with self._db() as db:
             sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
             return {int(r[0]) for r in db.execute(sql, params).fetchall()}
@@ -591,8 +525,11 @@ class PgStore:
                 db.execute("DELETE FROM themis_failures WHERE path = ANY(%s)", (paths,))
 
     def integrity_ok(self) -> bool:
+        """Whether the tables agree with each other (what a torn write would break): one
+        ``write_version``, no row written after it, no removed id still present, a ``doc``
+        exactly where there is ``metadata``, and every vector of the index's dimension."""
         with self._db() as db:
-            (ok,) = db.execute("SELECT count(*) >= 0 FROM themis_items").fetchone()
+            (ok,) = db.execute(INTEGRITY_SQL).fetchone()
         return bool(ok)
 
 
