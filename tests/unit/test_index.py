@@ -97,6 +97,49 @@ def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
         IndexStore(tmp_path / "i.db")
 
 
+def test_filters_are_answered_from_the_fields_index(tmp_path: Path) -> None:
+    """A filter term is one range of the ``fields`` index, not a scan of every item's JSON
+    (issue: 32 missing keys over 2,000 items with ~500 keys each took 6.6 s)."""
+    with IndexStore(tmp_path / "i.db") as store:
+        store.upsert(
+            [
+                ItemRow(key=f"k{i}", vector=unit(i), metadata={f"m{j}": j for j in range(50)})
+                for i in range(20)
+            ],
+            dim=DIM,
+        )
+        plan = " ".join(
+            str(row[-1])
+            for row in store._db.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?",
+                ("m3", "number", 3),
+            )
+        )
+        assert "fields_value" in plan and "SCAN" not in plan
+        assert len(store.ids_matching({"m3": 3, "m4": 4.0})) == 20
+        assert store.ids_matching({f"missing{j}": 1 for j in range(32)}) == set()
+        assert store.metadata_keys_present(["m1", "nope"]) == {"m1"}
+
+
+def test_migration_to_v5_indexes_the_metadata_already_stored(tmp_path: Path) -> None:
+    path = tmp_path / "i.db"
+    with IndexStore(path) as store:
+        store.upsert(
+            [ItemRow(key=f"k{i}", vector=unit(i), metadata={"even": i % 2 == 0}) for i in range(6)]
+            + [ItemRow(key="bare", vector=unit(9))],
+            dim=DIM,
+        )
+    db = sqlite3.connect(path)  # back to what version 4 wrote: no fields table
+    db.execute("DROP TABLE fields")
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    with IndexStore(path) as store:
+        items = store.items_by_id(list(store.ids_matching({"even": True})))
+        assert sorted(item.key for item in items.values()) == ["k0", "k2", "k4"]
+        assert store.metadata_facets()[0]["count"] == 6
+
+
 def test_store_readonly_and_garbage(tmp_path: Path) -> None:
     with pytest.raises(SearchIndexError, match="no index at"):
         IndexStore(tmp_path / "missing.db", readonly=True)

@@ -13,12 +13,16 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
     (v3) metadata repaired: NaN/Infinity → null, lone surrogates → U+FFFD, unreadable → NULL
     items.written INTEGER (v4)                      the write_version that last wrote the vector
     removed(id PRIMARY KEY, at INTEGER) (v4)        ids deleted, and at which write_version
+    fields(id, key, kind, value) (v5)               each item's top-level metadata values, as
+                                                    :func:`.metadata.comparable` makes them
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
 version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
 
 Metadata is validated on the way in (:mod:`.metadata`: bounded, strict JSON objects) and read
-back without ever raising; filters are matched with ``json_each`` and bound parameters only.
+back without ever raising. Filters, facets and key checks read ``fields``, whose index on
+``(key, kind, value)`` answers each filter term with one index range, whatever the number
+of keys the items hold (scanning every item's JSON took seconds with ~500 keys an item).
 
 The database runs in WAL mode with ``synchronous=NORMAL``: a killed process loses at most the
 transaction it was in, never a committed one, and never leaves a half-written row.
@@ -37,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import encode, repair, validate_filters
+from themis_clip.index.metadata import comparable, decode_stored, repair, validate_filters
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.rows import (
     COLUMNS,
@@ -52,13 +56,15 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
-SCHEMA_VERSION = 4
-# One filter term, constant SQL: the key and the value (three times) are bound parameters.
-# JSON equality: the same kind (1 and 1.0 are one number, true is not 1) and the same value.
-_FILTER_CLAUSE = """EXISTS (SELECT 1 FROM json_each(items.metadata) AS e WHERE e.key = ?
-    AND (CASE WHEN e.type IN ('integer', 'real') THEN 'number' ELSE e.type END)
-      = (CASE WHEN json_type(?) IN ('integer', 'real') THEN 'number' ELSE json_type(?) END)
-    AND (e.type = 'null' OR e.value = json_extract(?, '$')))"""
+SCHEMA_VERSION = 5
+# One filter term, constant SQL: key, kind and value are bound parameters.
+_FILTER_TERM = "SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?"
+_ADD_FIELDS = "INSERT OR REPLACE INTO fields(id, key, kind, value) SELECT id, ?, ?, ? FROM items"
+
+
+def _fields(metadata: Mapping[str, Any] | None) -> list[tuple[str, str, Any]]:
+    """``(key, kind, value)`` of each top-level metadata value (:func:`comparable`)."""
+    return [(key, *comparable(value)) for key, value in (metadata or {}).items()]
 
 
 def _repair_metadata(db: sqlite3.Connection) -> None:
@@ -87,6 +93,24 @@ def _track_changes(db: sqlite3.Connection) -> None:
     db.execute("DELETE FROM meta WHERE key = 'ann_version'")
 
 
+def _index_fields(db: sqlite3.Connection) -> None:
+    """v5: the fields table, filled from the metadata already stored."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS fields (id INTEGER NOT NULL, key TEXT NOT NULL, "
+        "kind TEXT NOT NULL, value, PRIMARY KEY (id, key)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS fields_value ON fields(key, kind, value)")
+    rows = db.execute("SELECT id, key, metadata FROM items WHERE metadata IS NOT NULL")
+    db.executemany(
+        "INSERT OR REPLACE INTO fields(id, key, kind, value) VALUES(?, ?, ?, ?)",
+        [
+            (row_id, *field)
+            for row_id, key, text in rows.fetchall()
+            for field in _fields(decode_stored(text, key=key))
+        ],
+    )
+
+
 _MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -113,6 +137,8 @@ _MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     # v4: change tracking, so search structures catch up instead of rebuilding. A graph saved
     # before it cannot tell what changed since, so it is dropped (rebuilt once).
     4: [_track_changes],
+    # v5: filters and facets by index (a table of top-level values), not by scanning JSON.
+    5: [_index_fields],
 }
 
 
@@ -259,6 +285,14 @@ class IndexStore:
                 [(*v, written) for v in values],
             )
             db.executemany(
+                "DELETE FROM fields WHERE id = (SELECT id FROM items WHERE key = ?)",
+                [(r.key,) for r in rows],
+            )
+            db.executemany(
+                _ADD_FIELDS + " WHERE key = ?",
+                [(*field, r.key) for r in rows for field in _fields(r.metadata)],
+            )
+            db.executemany(
                 "DELETE FROM failures WHERE path = ?", [(r.path,) for r in rows if r.path]
             )
 
@@ -276,6 +310,7 @@ class IndexStore:
             db.executemany(
                 "INSERT OR REPLACE INTO removed(id, at) VALUES(?, ?)", [(i, at) for (i,) in gone]
             )
+            db.executemany("DELETE FROM fields WHERE id = ?", gone)
             return len(gone)
 
     def rename(self, old_key: str, new_key: str, *, path: str, size: int, mtime_ns: int) -> None:
@@ -358,51 +393,43 @@ class IndexStore:
         return {r[0]: stored_item(r) for r in rows}
 
     def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
-        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality).
-
-        Keys and values are bound parameters (no JSON path is built from a key), and a row
-        whose metadata is not valid JSON matches nothing instead of failing the query.
-        """
-        clauses, params = [], []
-        for key, value in validate_filters(filters).items():
-            clauses.append(_FILTER_CLAUSE)
-            text = encode(value)
-            params += [key, text, text, text]
-        where = " AND ".join(clauses)
-        sql = f"SELECT id FROM items WHERE CASE WHEN json_valid(metadata) THEN {where} ELSE 0 END"  # noqa: S608 - only "?" marks
-        return {r[0] for r in self._db.execute(sql, params).fetchall()}
+        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality:
+        :func:`comparable`), one index range per key; a row whose metadata could not be read
+        back has no fields and matches nothing."""
+        terms = [(key, *comparable(value)) for key, value in validate_filters(filters).items()]
+        if not terms:
+            return {r[0] for r in self._db.execute("SELECT id FROM items").fetchall()}
+        sql = " INTERSECT ".join([_FILTER_TERM] * len(terms))
+        return {r[0] for r in self._db.execute(sql, [p for t in terms for p in t]).fetchall()}
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` some item's metadata has at its top level."""
         wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return set()
-        marks = ",".join("?" * len(wanted))
-        sql = (
-            "SELECT DISTINCT e.key FROM items, json_each(items.metadata) AS e "  # noqa: S608
-            "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) "
-            f"AND e.key IN ({marks})"
-        )
-        return {r[0] for r in self._db.execute(sql, wanted).fetchall()}
+        found = set()
+        for key in wanted:  # one index probe each
+            row = self._db.execute("SELECT 1 FROM fields WHERE key = ? LIMIT 1", (key,))
+            if row.fetchone():
+                found.add(key)
+        return found
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
         """The top-level metadata keys the index holds, most common first, with how many items
-        have each and their most common scalar values (for filter pickers)."""
+        have each and their most common scalar values (for filter pickers; ``max_values`` 0:
+        the keys only)."""
         keys = self._db.execute(
-            "SELECT e.key, COUNT(*) AS n FROM items, json_each(items.metadata) AS e "
-            "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) "
-            "GROUP BY e.key ORDER BY n DESC, e.key LIMIT ?",
+            "SELECT key, COUNT(*) AS n FROM fields GROUP BY key ORDER BY n DESC, key LIMIT ?",
             (max_keys,),
         ).fetchall()
         out = []
         for key, count in keys:
-            rows = self._db.execute(
-                "SELECT e.value, e.type, COUNT(*) AS n FROM items, json_each(items.metadata) AS e "
-                "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) AND e.key = ? "
-                "AND e.type NOT IN ('object', 'array') "
-                "GROUP BY e.type, e.value ORDER BY n DESC, e.value LIMIT ?",
-                (key, max_values + 1),
-            ).fetchall()
+            rows = []
+            if max_values > 0:
+                rows = self._db.execute(
+                    "SELECT value, kind, COUNT(*) AS n FROM fields WHERE key = ? "
+                    "AND kind NOT IN ('object', 'array') "
+                    "GROUP BY kind, value ORDER BY n DESC, value LIMIT ?",
+                    (key, max_values + 1),
+                ).fetchall()
             values = [{"value": _json_scalar(value, kind), "count": n} for value, kind, n in rows]
             out.append(
                 {
@@ -454,9 +481,5 @@ def _unpack(
 
 
 def _json_scalar(value: Any, kind: str) -> Any:
-    """``json_each``'s SQL value as the JSON scalar it came from (true/false are 1/0 there)."""
-    if kind == "true":
-        return True
-    if kind == "false":
-        return False
-    return value
+    """A field's SQL value as the JSON scalar it came from (booleans are 1/0 there)."""
+    return bool(value) if kind == "bool" else value

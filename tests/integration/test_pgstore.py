@@ -13,6 +13,8 @@ from themis_clip.index.search import ModelStamp, VectorIndex
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.stores.postgres import PgStore, redact
 
+pytestmark = pytest.mark.postgres
+
 
 def test_unreachable_and_unauthorised_servers_are_clear_errors(pg_server: PgServer) -> None:
     with pytest.raises(SearchIndexError, match="cannot connect to PostgreSQL at"):
