@@ -134,3 +134,35 @@ def test_the_hnsw_index_holds_halfvec_where_pgvector_has_it_and_scores_stay_exac
                 (str(queries[0].tolist()),),
             ).fetchall()
             assert "themis_items_hnsw" in " ".join(r[0] for r in plan)
+
+
+def test_readers_do_not_queue_behind_one_connection(pg_url: str) -> None:
+    """Issue 28, 2.3: one connection behind one lock made every search wait for the one
+    before it. A thread holding a connection must not stop another thread's query."""
+    import threading
+
+    with PgStore(pg_url) as store:
+        entered, release, done = threading.Event(), threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with store.connection() as db:
+                db.execute("SELECT 1")
+                entered.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert entered.wait(10)
+            counted: list[int] = []
+
+            def count() -> None:
+                counted.append(store.count())
+                done.set()
+
+            threading.Thread(target=count, daemon=True).start()
+            assert done.wait(10), "a query waited for another thread's connection"
+            assert counted == [0]
+        finally:
+            release.set()
+            holder.join(10)

@@ -354,3 +354,44 @@ def test_read_only_without_a_graph_searches_exactly_and_prepare_graph_builds_it(
         assert ro.search(unit(12), 1)[0].key == "k12"
     with VectorIndex(path, exact_threshold=10_000) as small:
         assert small.prepare_graph() is False  # below the threshold no graph is needed
+
+
+def test_searches_do_not_wait_for_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28, 2.3: readers serialised behind one lock (six slow filters made plain searches
+    time out). A search held inside its scan must not stop another one."""
+    import themis_clip.index.searchers.local as local
+
+    index = VectorIndex(tmp_path / "i.db", exact_threshold=10**9)  # always exact
+    index.bind_model(STAMP)
+    index.store.upsert([ItemRow(key=f"k{i}", vector=unit(i)) for i in range(50)], dim=DIM)
+    assert index.search(unit(1), 1)[0].key == "k1"  # the matrix is loaded
+    entered, release = threading.Event(), threading.Event()
+    real = local.top_k
+
+    def held(*args: object) -> object:
+        if threading.current_thread().name == "held":
+            entered.set()
+            release.wait(30)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local, "top_k", held)
+    first = threading.Thread(target=lambda: index.search(unit(3), 2), name="held")
+    first.start()
+    try:
+        assert entered.wait(10)
+        done = threading.Event()
+        got: list[str] = []
+
+        def second() -> None:
+            got.append(index.search(unit(4), 1)[0].key)
+            done.set()
+
+        threading.Thread(target=second, daemon=True).start()
+        assert done.wait(10), "a search waited for another one to finish"
+        assert got == ["k4"]
+    finally:
+        release.set()
+        first.join(10)
+    index.close()

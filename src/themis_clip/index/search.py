@@ -15,13 +15,12 @@ top candidates are re-scored exactly with the stored float32 vectors. How graphs
 writes and when they are built is the local searcher's (:mod:`.searchers.local`).
 
 Thread safety: searches may run concurrently with each other (the HTTP server runs them on a
-thread pool); what changes the searcher's structures is serialised inside :class:`VectorIndex`.
+thread pool); each searcher serialises only what changes its own structures.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +92,6 @@ class VectorIndex:
         self.store: Store = open_store(location, readonly=readonly)
         self.location = str(self.store.path)  # for messages: a URL without its password
         self.settings = settings or GraphSettings()
-        # One lock for what changes the searcher's structures; see the module docstring.
-        self._lock = threading.RLock()
         try:
             self.searcher: Searcher = self._searcher_for(
                 location,
@@ -147,8 +144,7 @@ class VectorIndex:
 
     def close(self) -> None:
         try:
-            with self._lock:
-                self.searcher.close()
+            self.searcher.close()
         finally:
             self.store.close()
 
@@ -217,8 +213,7 @@ class VectorIndex:
             )
         if not np.all(np.isfinite(query)):
             raise SearchIndexError("the query vector has NaN or infinite components")
-        with self._lock:
-            ids, scores = self.searcher.search(query, k, filters, stamp.dim)
+        ids, scores = self.searcher.search(query, k, filters, stamp.dim)
         if filters and not len(ids):  # only then can a key be unknown (no second scan before)
             self._check_filter_keys(filters)
         items = self.store.items_by_id([int(i) for i in ids])
@@ -294,8 +289,7 @@ class VectorIndex:
             "store_bytes_per_item": (self.store.size_bytes() / count) if count else None,
             "plan": plan.to_dict() if plan else None,
         }
-        with self._lock:
-            out.update(self.searcher.stats())
+        out.update(self.searcher.stats())
         return out
 
     def prepare_graph(self) -> bool:
@@ -308,5 +302,4 @@ class VectorIndex:
         stamp = self.stamp
         if stamp is None:
             return False
-        with self._lock:
-            return self.searcher.prepare(stamp.dim)
+        return self.searcher.prepare(stamp.dim)

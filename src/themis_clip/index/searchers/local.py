@@ -18,8 +18,9 @@ index`` runs after indexing):
 * read-only without a current saved graph (one-shot CLI search): exact, since one exact query
   is far cheaper than a graph that could not be kept.
 
-Not thread-safe on its own: :class:`~..search.VectorIndex` serialises the calls that change
-its structures.
+Searches run concurrently (the HTTP server runs them on a thread pool): they share a read
+lock while they use the graph or matrix, and only bringing those up to date (after a write, or
+when a background build finishes) takes the write lock, briefly unless it builds a graph.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy.typing as npt
 
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.kernels import measure_exact_ms, rescore, top_k
+from themis_clip.index.rwlock import ReadWriteLock
 from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
 from themis_clip.index.stores.base import GraphFileStore
 from themis_clip.index.tuning import tune
@@ -93,11 +95,13 @@ class LocalSearcher:
         self._dirty = False  # the graph in memory is ahead of the saved file
         self._background = background
         self._building: tuple[int, Future[tuple[SearchPlan, HNSWIndex | None]]] | None = None
+        self._lock = ReadWriteLock()
 
     def close(self) -> None:
         """Save a graph caught up in memory (the store stays open: its owner closes it)."""
-        if self._dirty and self._ann is not None and not self.store.readonly:
-            self._save(self._ann)
+        with self._lock.write():
+            if self._dirty and self._ann is not None and not self.store.readonly:
+                self._save(self._ann)
 
     @property
     def plan(self) -> SearchPlan | None:
@@ -121,17 +125,19 @@ class LocalSearcher:
         return SearchKind.EXACT
 
     def stats(self) -> dict[str, Any]:
-        if self._ann is None:
-            return {}
-        return {
-            "graph": {
-                "dtype": self._ann.dtype,
-                "connectivity": self._ann.connectivity,
-                "expansion_search": self._ann.expansion_search,
-                "items": len(self._ann),
-                "bytes_per_item": self._ann.serialized_bytes / max(1, len(self._ann)),
+        with self._lock.read():
+            ann = self._ann
+            if ann is None:
+                return {}
+            return {
+                "graph": {
+                    "dtype": ann.dtype,
+                    "connectivity": ann.connectivity,
+                    "expansion_search": ann.expansion_search,
+                    "items": len(ann),
+                    "bytes_per_item": ann.serialized_bytes / max(1, len(ann)),
+                }
             }
-        }
 
     def search(
         self,
@@ -141,11 +147,24 @@ class LocalSearcher:
         dim: int,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         allowed = self.store.ids_matching(filters) if filters else None
-        return self._search(query, k, allowed, dim)
+        if not self._is_current():
+            with self._lock.write():
+                self._refresh(dim)
+        with self._lock.read():  # a write since is caught up by the next search
+            return self._search(query, k, allowed, dim)
+
+    def _is_current(self) -> bool:
+        """Nothing to bring up to date: no write since, no finished build to collect."""
+        built = self._building is not None and self._building[1].done()
+        return not built and self._cache_version == self.store.write_version
 
     def prepare(self, dim: int) -> bool:
         """Tune, build and save the graph now if the collection needs one and it is stale;
         save a graph caught up in memory. True if a graph was built."""
+        with self._lock.write():
+            return self._prepare(dim)
+
+    def _prepare(self, dim: int) -> bool:
         forced = self.exact_threshold is not None
         if forced and self.store.count() <= (self.exact_threshold or 0):
             return False
@@ -167,7 +186,6 @@ class LocalSearcher:
         allowed: set[int] | None,
         dim: int,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        self._refresh(dim)
         graph_or_empty = self._ann is not None or not len(self._ids)
         if allowed is not None and graph_or_empty and len(allowed) <= SELECTIVE_FILTER:
             ids = np.fromiter(allowed, dtype=np.int64, count=len(allowed))  # exact: complete

@@ -196,6 +196,16 @@ class PgSearcher:
         )
         return built
 
+    def sample(self, n: int) -> list[tuple[int, npt.NDArray[np.float32]]]:
+        """``n`` stored ``(id, vector)`` pairs, the same ones each time (ordered by a hash)."""
+        with self.store.connection() as db:
+            rows = db.execute(
+                "SELECT id FROM themis_items ORDER BY md5(id::text) LIMIT %s", (n,)
+            ).fetchall()
+        ids = [int(r[0]) for r in rows]
+        dim = int(self.store.meta()["dim"])
+        return list(zip(ids, self.store.vectors_by_id(ids, dim), strict=True))
+
     def exact_nearest(
         self, query: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
@@ -241,7 +251,7 @@ def measure_ef_search(searcher: PgSearcher, settings: GraphSettings, count: int)
     started = time.perf_counter()
     rng = np.random.default_rng(0)
     queries, truth, exact_ms = [], [], []
-    for qid, member in store.sample(min(settings.sample, SAMPLE, count)):
+    for qid, member in searcher.sample(min(settings.sample, SAMPLE, count)):
         q = _fresh_point(searcher, qid, member, rng)
         t0 = time.perf_counter()
         _, scores = searcher.exact_nearest(q, 10)

@@ -3,7 +3,7 @@
 A location is a file path (SQLite, the embedded default) or a ``postgresql://`` URL
 (PostgreSQL with pgvector, for several servers on one index or collections that outgrow a
 file). Both stores keep the same items, metadata, thumbnails, vectors, model identity and
-change tracking, and pass the same behavioural tests (``tests/test_store_contract.py``).
+change tracking, and pass the same behavioural tests (``tests/integration/test_store_contract.py``).
 A store only stores: how it is searched is a searcher's business (:mod:`..searchers`).
 """
 

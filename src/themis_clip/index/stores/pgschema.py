@@ -23,18 +23,25 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, validate_filters
 
 __all__ = [
+    "FACET_KEYS_SQL",
+    "FACET_VALUES_SQL",
     "INTEGRITY_SQL",
+    "KEYS_PRESENT_SQL",
     "MIGRATIONS",
     "MIGRATION_LOCK",
     "PG_SCHEMA_VERSION",
     "TABLES",
+    "ensure_extension",
     "filter_sql",
     "first_line",
+    "has_halfvec",
     "jsonb_text",
     "redact",
+    "schema_version",
 ]
 
 PG_SCHEMA_VERSION = 1
@@ -49,6 +56,21 @@ INTEGRITY_SQL = """SELECT
     AND NOT EXISTS (SELECT 1 FROM themis_items WHERE vector_dims(embedding) <> COALESCE(
         (SELECT value::int FROM themis_meta WHERE key = 'dim' AND value ~ '^[0-9]+$'),
         vector_dims(embedding)))"""
+#: Which of the keys (a text[]) some item's ``doc`` has.
+KEYS_PRESENT_SQL = (
+    "SELECT k FROM unnest(%s::text[]) AS k WHERE EXISTS (SELECT 1 FROM themis_items WHERE doc ? k)"
+)
+#: The most common top-level keys and how many items have each.
+FACET_KEYS_SQL = (
+    "SELECT e.key, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
+    "WHERE jsonb_typeof(doc) = 'object' GROUP BY e.key ORDER BY n DESC, e.key LIMIT %s"
+)
+#: One key's most common scalar values, over the items that have the key.
+FACET_VALUES_SQL = (
+    "SELECT doc -> %s AS v, count(*) AS n FROM themis_items WHERE doc ? %s "
+    "AND jsonb_typeof(doc -> %s) NOT IN ('object', 'array') GROUP BY v ORDER BY n DESC, v "
+    "LIMIT %s"
+)
 #: The index's tables (dropped by ``--rebuild``, counted by ``size_bytes``).
 TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed")
 MIGRATION_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
@@ -116,3 +138,52 @@ def filter_sql(filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
         clauses.append("(doc @> %s::jsonb AND doc -> %s = %s::jsonb)")
         params += [json.dumps({key: json.loads(text or "null")}), key, text]
     return " AND ".join(clauses), params
+
+
+def ensure_extension(conn: Any, *, where: str, readonly: bool) -> str:
+    """The pgvector version in ``conn``'s database, enabling the extension when it is
+    installed but not enabled (and this role may); else the error that says what to do."""
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    if row is not None:
+        return str(row[0])
+    available = conn.execute(
+        "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+    ).fetchone()
+    database = conn.info.dbname
+    if available is None:
+        raise SearchIndexError(
+            f"PostgreSQL at {where} has no pgvector extension installed "
+            "(https://github.com/pgvector/pgvector); install it on the server, then "
+            f"`CREATE EXTENSION vector;` in database {database!r}"
+        )
+    if readonly:
+        raise SearchIndexError(
+            f"database {database!r} at {where} has no pgvector extension enabled "
+            "(and this open is read-only); open it writable once, or "
+            "`CREATE EXTENSION vector;` as a superuser"
+        )
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except Exception as exc:  # the driver's error, told in the message
+        raise SearchIndexError(
+            f"database {database!r} at {where} has no pgvector extension enabled, and "
+            f"this role cannot enable it ({first_line(exc)}); run "
+            "`CREATE EXTENSION vector;` in it as a superuser"
+        ) from exc
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    return str(row[0])
+
+
+def schema_version(conn: Any) -> int:
+    """The index's schema version in ``conn``'s database (0: none yet)."""
+    exists = conn.execute("SELECT to_regclass('themis_meta')").fetchone()[0]
+    if exists is None:
+        return 0
+    row = conn.execute("SELECT value FROM themis_meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def has_halfvec(extension_version: str) -> bool:
+    """Whether this pgvector version has ``halfvec`` (0.7 and later)."""
+    parts = [int(p) for p in re.findall(r"\d+", extension_version)[:2]] + [0, 0]
+    return (parts[0], parts[1]) >= (0, 7)

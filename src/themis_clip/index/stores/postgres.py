@@ -3,8 +3,8 @@
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
 metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
-and behaves the same (``tests/test_store_contract.py`` runs one suite on both). The database
-also searches itself (pgvector's HNSW index): that is :mod:`..searchers.postgres`, on this
+and behaves the same (``tests/integration/test_store_contract.py``: one suite, both). The
+database also searches itself (pgvector's HNSW index): that is :mod:`..searchers.postgres`, on this
 store's connection. The schema, its migrations and the filter SQL are in :mod:`.pgschema`.
 
 Why psycopg 3: the maintained PostgreSQL driver for Python (binary protocol, server-side
@@ -13,12 +13,13 @@ author's adapter) moves vectors as NumPy arrays in binary form.
 
 Every write is one transaction that first bumps ``write_version`` (its row lock orders writers);
 a killed client's open transaction is rolled back by the server, so nothing is half-written.
+A store holds up to :data:`POOL_SIZE` connections, one per thread at a time, so concurrent
+searches of one server run side by side instead of queueing behind one connection.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,16 +31,23 @@ import numpy.typing as npt
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.pgschema import (
+    FACET_KEYS_SQL,
+    FACET_VALUES_SQL,
     INTEGRITY_SQL,
+    KEYS_PRESENT_SQL,
     MIGRATION_LOCK,
     MIGRATIONS,
     PG_SCHEMA_VERSION,
     TABLES,
+    ensure_extension,
     filter_sql,
     first_line,
+    has_halfvec,
     jsonb_text,
     redact,
+    schema_version,
 )
+from themis_clip.index.stores.pool import Pool
 from themis_clip.index.stores.rows import (
     COLUMNS,
     ItemRow,
@@ -52,6 +60,9 @@ from themis_clip.index.stores.rows import (
 __all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
 
 log = logging.getLogger(__name__)
+
+#: Connections one store opens at most (one per concurrent search or write).
+POOL_SIZE = 8
 
 
 class PgStore:
@@ -69,16 +80,23 @@ class PgStore:
         self.path = redact(url)
         self.readonly = readonly
         self._timeout = connect_timeout_s
-        self._lock = threading.RLock()
-        self._conn = self._connect()
+        self._conn = self._connect()  # the first connection: extension and migrations
         try:
-            self.extension_version = self._ensure_extension()
+            self.extension_version = ensure_extension(
+                self._conn, where=self.path, readonly=self.readonly
+            )
             self._migrate()
-            self._register()
+            self._register(self._conn)
         except BaseException:
             self._conn.close()
             raise
-        self._writing = 0  # the write_version the open transaction commits as
+        self._pool = Pool(self._reconnect, size=POOL_SIZE, first=self._conn)
+        self._local = threading.local()  # this thread's connection while it holds one
+
+    @property
+    def _writing(self) -> int:
+        """The write_version this thread's open transaction commits as."""
+        return int(self._local.writing)
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -97,22 +115,36 @@ class PgStore:
 
     @contextmanager
     def _db(self) -> Iterator[Any]:
-        """The connection, reconnected when the server dropped it; psycopg errors translated."""
+        """A connection of this thread's own until the block ends (the same one when nested),
+        reconnected when the server dropped it; psycopg errors translated."""
         import psycopg
 
-        with self._lock:
-            if self._conn.closed or self._conn.broken:
-                self._conn = self._connect()
-                self._register()
-            try:
-                yield self._conn
-            except psycopg.Error as exc:
-                raise SearchIndexError(f"PostgreSQL ({self.path}): {first_line(exc)}") from exc
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        conn = self._pool.acquire()
+        self._local.conn = conn
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            raise SearchIndexError(f"PostgreSQL ({self.path}): {first_line(exc)}") from exc
+        finally:
+            self._local.conn = None
+            self._pool.release(conn)
+
+    def _reconnect(self, conn: Any | None) -> Any:
+        """``conn`` if it is still usable, else a new connection (the server dropped it)."""
+        if conn is not None and not (conn.closed or conn.broken):
+            return conn
+        conn = self._connect()
+        self._register(conn)
+        return conn
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
         """The connection for a searcher's own SQL (:mod:`..searchers.postgres`), as
-        :meth:`_db` gives it: under the store's lock, psycopg errors translated."""
+        :meth:`_db` gives it: this thread's own while the block lasts, errors translated."""
         with self._db() as db:
             yield db
 
@@ -122,13 +154,13 @@ class PgStore:
 
         return HalfVector(vector)
 
-    def _register(self) -> None:
+    def _register(self, conn: Any) -> None:
         from pgvector.psycopg import register_vector
 
-        register_vector(self._conn)
+        register_vector(conn)
 
     def close(self) -> None:
-        self._conn.close()
+        self._pool.close()
 
     def __enter__(self) -> PgStore:
         return self
@@ -138,63 +170,16 @@ class PgStore:
 
     # -- schema --------------------------------------------------------------------------------
 
-    def _ensure_extension(self) -> str:
-        import psycopg
-
-        row = self._conn.execute(
-            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-        ).fetchone()
-        if row is not None:
-            return str(row[0])
-        available = self._conn.execute(
-            "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
-        ).fetchone()
-        database = self._conn.info.dbname
-        if available is None:
-            raise SearchIndexError(
-                f"PostgreSQL at {self.path} has no pgvector extension installed "
-                "(https://github.com/pgvector/pgvector); install it on the server, then "
-                f"`CREATE EXTENSION vector;` in database {database!r}"
-            )
-        if self.readonly:
-            raise SearchIndexError(
-                f"database {database!r} at {self.path} has no pgvector extension enabled "
-                "(and this open is read-only); open it writable once, or "
-                "`CREATE EXTENSION vector;` as a superuser"
-            )
-        try:
-            self._conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        except psycopg.Error as exc:
-            raise SearchIndexError(
-                f"database {database!r} at {self.path} has no pgvector extension enabled, and "
-                f"this role cannot enable it ({first_line(exc)}); run "
-                "`CREATE EXTENSION vector;` in it as a superuser"
-            ) from exc
-        row = self._conn.execute(
-            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
-        ).fetchone()
-        return str(row[0])
-
     @property
     def halfvec(self) -> bool:
         """Whether the extension has ``halfvec`` (pgvector >= 0.7): the HNSW index holds f16."""
-        parts = [int(p) for p in re.findall(r"\d+", self.extension_version)[:2]] + [0, 0]
-        return (parts[0], parts[1]) >= (0, 7)
-
-    def _schema_version(self) -> int:
-        exists = self._conn.execute("SELECT to_regclass('themis_meta')").fetchone()[0]
-        if exists is None:
-            return 0
-        row = self._conn.execute(
-            "SELECT value FROM themis_meta WHERE key = 'schema_version'"
-        ).fetchone()
-        return int(row[0]) if row else 0
+        return has_halfvec(self.extension_version)
 
     def _migrate(self) -> None:
         import psycopg
 
         try:
-            version = self._schema_version()
+            version = schema_version(self._conn)
             if version > PG_SCHEMA_VERSION:
                 raise SearchIndexError(
                     f"the index at {self.path} has schema version {version}, newer than this "
@@ -208,7 +193,7 @@ class PgStore:
                 )
             with self._conn.transaction():
                 self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                version = self._schema_version()  # another process may have just migrated
+                version = schema_version(self._conn)  # another process may have just migrated
                 for target in range(version + 1, PG_SCHEMA_VERSION + 1):
                     for step in MIGRATIONS[target]:
                         self._conn.execute(step)
@@ -246,7 +231,7 @@ class PgStore:
                 "UPDATE themis_meta SET value = (value::bigint + 1)::text "
                 "WHERE key = 'write_version' RETURNING value::bigint"
             ).fetchone()
-            self._writing = int(version)
+            self._local.writing = int(version)
             yield db
 
     # -- meta ----------------------------------------------------------------------------------
@@ -428,10 +413,8 @@ class PgStore:
     def size_bytes(self) -> int:
         """The index's tables with their indexes and TOAST, as PostgreSQL counts them."""
         with self._db() as db:
-            (n,) = db.execute(
-                "SELECT sum(pg_total_relation_size(c)) FROM unnest(ARRAY['themis_items', "
-                "'themis_meta', 'themis_failures', 'themis_removed']::regclass[]) AS c"
-            ).fetchone()
+            sql = "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c"
+            (n,) = db.execute(sql, (list(TABLES),)).fetchone()
         return int(n or 0)
 
     def items_by_id(self, ids: Sequence[int]) -> dict[int, StoredItem]:
@@ -448,35 +431,22 @@ class PgStore:
             return {int(r[0]) for r in db.execute(sql, params).fetchall()}
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
-        """Which of ``keys`` some item's metadata has at its top level."""
-        found = set()
+        """Which of ``keys`` some item's metadata has at its top level (the GIN index answers
+        each ``?``), in one round trip."""
         with self._db() as db:
-            for key in dict.fromkeys(keys):
-                row = db.execute(
-                    "SELECT EXISTS(SELECT 1 FROM themis_items WHERE doc ? %s)", (key,)
-                ).fetchone()
-                if row[0]:
-                    found.add(key)
-        return found
+            rows = db.execute(KEYS_PRESENT_SQL, (list(dict.fromkeys(keys)),)).fetchall()
+        return {r[0] for r in rows}
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
-        """The top-level metadata keys, most common first, with their most common scalars."""
+        """The top-level metadata keys, most common first, with their most common scalars
+        (``max_values`` 0: the keys only, one query)."""
         with self._db() as db:
-            keys = db.execute(
-                "SELECT e.key, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
-                "WHERE jsonb_typeof(doc) = 'object' GROUP BY e.key ORDER BY n DESC, e.key "
-                "LIMIT %s",
-                (max_keys,),
-            ).fetchall()
+            keys = db.execute(FACET_KEYS_SQL, (max_keys,)).fetchall()
             out = []
             for key, count in keys:
-                rows = db.execute(
-                    "SELECT e.value, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
-                    "WHERE jsonb_typeof(doc) = 'object' AND e.key = %s "
-                    "AND jsonb_typeof(e.value) NOT IN ('object', 'array') "
-                    "GROUP BY e.value ORDER BY n DESC, e.value LIMIT %s",
-                    (key, max_values + 1),
-                ).fetchall()
+                rows = []
+                if max_values > 0:  # the items with the key (GIN), not every item's pairs
+                    rows = db.execute(FACET_VALUES_SQL, (key, key, key, max_values + 1)).fetchall()
                 values = [{"value": value, "count": int(n)} for value, n in rows]
                 out.append(
                     {
@@ -487,16 +457,6 @@ class PgStore:
                     }
                 )
         return out
-
-    # -- what the searcher reads -------------------------------------------------------------
-
-    def sample(self, n: int) -> list[tuple[int, npt.NDArray[np.float32]]]:
-        """``n`` stored ``(id, vector)`` pairs, the same ones each time (ordered by a hash)."""
-        with self._db() as db:
-            rows = db.execute(
-                "SELECT id, embedding FROM themis_items ORDER BY md5(id::text) LIMIT %s", (n,)
-            ).fetchall()
-        return [(int(i), _np(v)) for i, v in rows]
 
     # -- failures ------------------------------------------------------------------------------
 
