@@ -67,7 +67,7 @@ def run(location: str, items: int, keys: int) -> dict[str, Any]:
             raise AssertionError("expected an error naming the unknown keys")
 
         out: dict[str, Any] = {
-            "store": index.store.kind,
+            "store": str(index.store.kind),
             "unknown_keys_s": min(timed(unknown) for _ in range(3)),
             "matching_filter_s": min(
                 timed(lambda: index.search(query, 10, {"key001": 3, "key002": 4})) for _ in range(3)

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import photo_like
-from themis_clip import EmbeddingResult, IndexModelMismatchError, SearchIndexError
+from themis_clip import EmbeddingResult, IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.indexer import index_folder, walk_images
 from themis_clip.index.search import ModelStamp, VectorIndex, top_k
@@ -395,3 +395,24 @@ def test_searches_do_not_wait_for_each_other(
         release.set()
         first.join(10)
     index.close()
+
+
+def test_a_filter_on_many_unknown_keys_asks_the_store_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28, 2.3: 32 unknown keys looked every key up once per key (32 scans of all
+    metadata; 16 s on PostgreSQL). The check is one lookup, whatever the number of keys."""
+    with VectorIndex(tmp_path / "i.db") as index:
+        index.bind_model(STAMP)
+        index.store.upsert([ItemRow(key="a", vector=unit(1), metadata={"tag": 1})], dim=DIM)
+        calls: list[list[str]] = []
+        real = index.store.metadata_keys_present
+
+        def counted(keys: Sequence[str]) -> set[str]:
+            calls.append(list(keys))
+            return real(keys)
+
+        monkeypatch.setattr(index.store, "metadata_keys_present", counted)
+        with pytest.raises(MetadataError, match="missing00"):
+            index.search(unit(1), 1, {f"missing{j:02d}": j for j in range(32)})
+        assert len(calls) == 1 and len(calls[0]) == 32

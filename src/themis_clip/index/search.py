@@ -231,7 +231,8 @@ class VectorIndex:
     def _check_filter_keys(self, filters: Mapping[str, Any]) -> None:
         """A filter on a key no item has is a mistake (a typo, or the wrong index): say so."""
         keys = list(validate_filters(filters))
-        unknown = [k for k in keys if k not in self.store.metadata_keys_present(keys)]
+        present = self.store.metadata_keys_present(keys)  # once: it was once per key
+        unknown = [k for k in keys if k not in present]
         if unknown and self.store.count():
             known = [f["key"] for f in self.store.metadata_facets(max_keys=20, max_values=0)]
             raise MetadataError(

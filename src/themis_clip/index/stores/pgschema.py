@@ -58,7 +58,8 @@ INTEGRITY_SQL = """SELECT
         vector_dims(embedding)))"""
 #: Which of the keys (a text[]) some item's ``doc`` has.
 KEYS_PRESENT_SQL = (
-    "SELECT k FROM unnest(%s::text[]) AS k WHERE EXISTS (SELECT 1 FROM themis_items WHERE doc ? k)"
+    "SELECT DISTINCT k FROM (SELECT doc FROM themis_items WHERE doc ?| %(keys)s::text[]) AS d, "
+    "unnest(%(keys)s::text[]) AS k WHERE d.doc ? k"
 )
 #: The most common top-level keys and how many items have each.
 FACET_KEYS_SQL = (

@@ -434,7 +434,7 @@ class PgStore:
         """Which of ``keys`` some item's metadata has at its top level (the GIN index answers
         each ``?``), in one round trip."""
         with self._db() as db:
-            rows = db.execute(KEYS_PRESENT_SQL, (list(dict.fromkeys(keys)),)).fetchall()
+            rows = db.execute(KEYS_PRESENT_SQL, {"keys": list(dict.fromkeys(keys))}).fetchall()
         return {r[0] for r in rows}
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
