@@ -166,3 +166,27 @@ def test_readers_do_not_queue_behind_one_connection(pg_url: str) -> None:
         finally:
             release.set()
             holder.join(10)
+
+
+def test_integrity_ok_notices_tables_that_disagree(pg_url: str) -> None:
+    """It was ``count(*) >= 0``, never false. Each check, broken on purpose, makes it false."""
+    with VectorIndex(pg_url) as index:
+        index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=4))
+        index.store.upsert(
+            [ItemRow(key=str(i), vector=np.eye(4, dtype=np.float32)[i]) for i in range(4)], dim=4
+        )
+        store = index.store
+        assert isinstance(store, PgStore) and store.integrity_ok()
+        breaks = [
+            "INSERT INTO themis_removed(id, at) SELECT min(id), 1 FROM themis_items",
+            "UPDATE themis_items SET written = written + 1000 WHERE key = '1'",
+            "UPDATE themis_items SET doc = '{}'::jsonb WHERE key = '2'",
+            "DELETE FROM themis_meta WHERE key = 'write_version'",
+        ]
+        for sql in breaks:
+            with store.connection() as db, db.transaction():
+                db.execute("SAVEPOINT broken")
+                db.execute(sql)
+                assert not store.integrity_ok(), sql  # the same connection sees its change
+                db.execute("ROLLBACK TO SAVEPOINT broken")
+        assert store.integrity_ok()
