@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.embedding_data import clustered_rows, intrinsic_dimension, random_rows
 
 from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.store import ItemRow
-from themis_clip.index.tuning import GraphSettings
+from themis_clip.index.settings import GraphSettings
+from themis_clip.index.stores import ItemRow
 
 TARGET = 0.98
 #: The graph peers' construction breadth (efConstruction), one per run.
@@ -358,7 +358,7 @@ def part_pgvector(
             stats = index.stats()
             hnsw_bytes = plan.graph_bytes_per_item or 0.0
             r = measure(lambda q: [int(h.key) for h in index.search(q, 10)], queries, truth)
-            pg = index.store
+            pg = index.searcher
             sweep_points = []
             for ef in (40, 64, 100, 160, 250, 400):
 

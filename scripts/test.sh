@@ -5,5 +5,6 @@ EXTRAS="[dev]" source "$(dirname "$0")/_venv.sh"
 .venv/bin/ruff format --check src tests scripts bench
 .venv/bin/ruff check src tests scripts bench
 .venv/bin/mypy
+.venv/bin/lint-imports
 .venv/bin/python scripts/audit.py
 .venv/bin/python -m pytest "$@"

@@ -1,4 +1,5 @@
-"""kill -9 the indexer at random moments: the index survives whole, and finishing equals a clean run."""
+"""kill -9 the indexer at random moments: the index survives whole, and finishing equals a clean
+run. One harness, both stores: an SQLite file and a PostgreSQL database (a real server)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,84 +18,162 @@ import pytest
 from PIL import Image
 
 from tests.helpers import photo_like
-from themis_clip.index.store import IndexStore
+from tests.pg import PgServer
+from themis_clip.index.stores import open_store
 
 pytestmark = pytest.mark.slow
-FILES = 240
 
 
-def committed(db: Path) -> int:
-    """Rows committed so far, read the way a second process would (0 while nothing exists)."""
-    if not db.exists():
-        return 0
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """Where the trials write: a fresh location each time, and how many rows another process
+    sees committed there (0 while nothing exists)."""
+
+    fresh: Callable[[str], str]
+    committed: Callable[[str], int]
+    exists: Callable[[str], bool]
+    cleanup: Callable[[str], None] = lambda location: None
+
+
+def vectors(location: str) -> dict[str, np.ndarray]:
+    store = open_store(location, readonly=True)
     try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
-            return int(con.execute("SELECT COUNT(*) FROM items").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
-
-def vectors(db: Path) -> dict[str, np.ndarray]:
-    with IndexStore(db, readonly=True) as store:
         assert store.integrity_ok()
         ids, matrix = store.load_vectors(32)
         items = store.items_by_id([int(i) for i in ids])
         return {items[int(i)].key: matrix[k] for k, i in enumerate(ids)}
+    finally:
+        store.close()
 
 
-@pytest.mark.parametrize("trials", [6, pytest.param(20, marks=pytest.mark.long)])
-def test_kill_9_during_indexing(tmp_path: Path, tiny_model_dir: Path, trials: int) -> None:
+def kill_9_trials(
+    tmp_path: Path,
+    model: Path,
+    target: Target,
+    *,
+    files: int,
+    size: tuple[int, int],
+    trials: int,
+    seed: int,
+) -> int:
+    """Index ``files`` photos cleanly once, then ``trials`` times kill -9 the indexer once a
+    random number of rows is committed, check every row left is whole and right, and finish the
+    run: it must equal the clean one. Returns how many kills landed mid-run."""
     folder = tmp_path / "photos"
     folder.mkdir()
-    for i in range(FILES):
-        Image.fromarray(photo_like(640, 480, i % 40)).save(
+    for i in range(files):
+        Image.fromarray(photo_like(*size, i % 40)).save(
             folder / f"{i:03d}.jpg", quality=85 + i % 10
         )
     exe = str(Path(sys.executable).parent / "themis-clip")
 
-    def index(db: Path) -> subprocess.Popen[bytes]:
+    def index(location: str) -> subprocess.Popen[bytes]:
+        cmd = [exe, "index", str(folder), "--index", location, "--model", str(model)]
         return subprocess.Popen(
-            [
-                exe,
-                "index",
-                str(folder),
-                "--index",
-                str(db),
-                "--model",
-                str(tiny_model_dir),
-                "--batch-size",
-                "2",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            [*cmd, "--batch-size", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
-    reference_db = tmp_path / "clean.db"
-    assert index(reference_db).wait(300) == 0
-    reference = vectors(reference_db)
-    assert len(reference) == FILES
-    rng = random.Random(7)
+    clean = target.fresh("clean")
+    assert index(clean).wait(300) == 0
+    reference = vectors(clean)
+    assert len(reference) == files
+    rng = random.Random(seed)
     mid_run = 0
     for trial in range(trials):
-        db = tmp_path / f"trial{trial}.db"
-        proc = index(db)
-        target = rng.randint(1, FILES - 1)  # kill once this many rows are committed
+        location = target.fresh(f"trial{trial}")
+        proc = index(location)
+        wanted = rng.randint(1, files - 1)  # kill once this many rows are committed
         deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and committed(db) < target:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if target.committed(location) >= wanted:
+                break
             time.sleep(0.01)
         proc.kill()  # SIGKILL: no cleanup of any kind
         proc.wait()
-        if db.exists():
-            partial = vectors(db)  # opens, passes integrity_check, every row whole
-            assert len(partial) <= FILES
+        if target.exists(location):
+            partial = vectors(location)  # opens, passes its integrity check, every row whole
+            assert len(partial) <= files
             for key, vec in partial.items():
                 assert np.array_equal(vec, reference[key]), key  # no partial or wrong rows
-            mid_run += 0 < len(partial) < FILES
-        assert index(db).wait(300) == 0  # finish the interrupted run
-        assert vectors(db).keys() == reference.keys()
-        assert all(np.array_equal(v, reference[k]) for k, v in vectors(db).items())
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(db) + suffix).unlink(missing_ok=True)
+            mid_run += 0 < len(partial) < files
+        assert index(location).wait(300) == 0  # finish the interrupted run
+        finished = vectors(location)
+        assert finished.keys() == reference.keys()
+        assert all(np.array_equal(v, reference[k]) for k, v in finished.items())
+        target.cleanup(location)
     print(f"kill -9 trials: {trials}, landed mid-run: {mid_run}")
-    assert mid_run >= trials * 3 // 4, f"only {mid_run} kills landed mid-run"
     shutil.rmtree(folder)
+    return mid_run
+
+
+def sqlite_target(tmp_path: Path) -> Target:
+    def committed(location: str) -> int:
+        if not Path(location).exists():
+            return 0
+        try:
+            with sqlite3.connect(f"file:{location}?mode=ro", uri=True, timeout=1) as con:
+                return int(con.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+        except sqlite3.Error:
+            return 0
+
+    def cleanup(location: str) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(location + suffix).unlink(missing_ok=True)
+
+    return Target(
+        fresh=lambda name: str(tmp_path / f"{name}.db"),
+        committed=committed,
+        exists=lambda location: Path(location).exists(),
+        cleanup=cleanup,
+    )
+
+
+def postgres_target(server: PgServer) -> Target:
+    databases: dict[str, str] = {}
+
+    def fresh(_name: str) -> str:
+        database = server.new_database()
+        url = server.url(database)
+        databases[url] = database
+        return url
+
+    def committed(url: str) -> int:
+        try:
+            rows = server.admin("SELECT count(*) FROM themis_items", database=databases[url])
+        except Exception:  # not created yet
+            return 0
+        return int(rows[0][0])
+
+    def exists(url: str) -> bool:  # the schema is there (the store opens read-only)
+        rows = server.admin("SELECT to_regclass('themis_meta')", database=databases[url])
+        return rows[0][0] is not None
+
+    return Target(fresh=fresh, committed=committed, exists=exists)
+
+
+@pytest.mark.parametrize("trials", [6, pytest.param(20, marks=pytest.mark.long)])
+def test_kill_9_during_indexing(tmp_path: Path, tiny_model_dir: Path, trials: int) -> None:
+    target = sqlite_target(tmp_path)
+    mid_run = kill_9_trials(
+        tmp_path, tiny_model_dir, target, files=240, size=(640, 480), trials=trials, seed=7
+    )
+    assert mid_run >= trials * 3 // 4, f"only {mid_run} kills landed mid-run"
+
+
+@pytest.mark.postgres
+def test_kill_9_during_pgvector_indexing(
+    pg_server: PgServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Killed at random moments, the database holds only whole rows (the server rolls the open
+    transaction back), and finishing the run gives exactly the clean run's index."""
+    trials = 4
+    mid_run = kill_9_trials(
+        tmp_path,
+        tiny_model_dir,
+        postgres_target(pg_server),
+        files=120,
+        size=(320, 240),
+        trials=trials,
+        seed=3,
+    )
+    assert mid_run >= trials // 2, f"only {mid_run} kills landed mid-run"

@@ -183,7 +183,7 @@ def test_an_index_poisoned_by_an_older_version_is_repaired_on_open(
 ) -> None:
     from themis_clip import OnnxClipPlugin, PluginConfig
     from themis_clip.index.search import VectorIndex
-    from themis_clip.index.store import ItemRow
+    from themis_clip.index.stores import ItemRow
 
     plugin = OnnxClipPlugin()
     assert plugin.initialize(PluginConfig.from_dict({"model": {"path": str(model_root / "demo")}}))

@@ -1,5 +1,6 @@
 """PostgreSQL + pgvector end to end: two ``serve`` replicas on one database, and the CLI's
-``index``/``search`` on a URL. A real server (``tests/pg.py``), real processes."""
+``index``/``search`` on a URL. A real server (``tests/pg.py``), real processes. (kill -9 during
+indexing is ``test_crash.py``, one harness for both stores.)"""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import base64
 import io
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,9 +15,8 @@ import pytest
 from PIL import Image
 
 from tests.helpers import ServerProcess, photo_like
-from tests.pg import PgServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 def data_url(seed: int) -> str:
@@ -100,78 +99,3 @@ def test_cli_index_and_search_on_a_url(pg_url: str, tiny_model_dir: Path, tmp_pa
     )
     assert bad.returncode != 0 and "cannot connect to PostgreSQL" in bad.stderr
     assert "Traceback" not in bad.stderr
-
-
-def test_kill_9_during_pgvector_indexing(
-    pg_server: PgServer, tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    """As ``test_crash`` for SQLite: killed at random moments, the database holds only whole
-    rows, and finishing the run gives exactly the clean run's index."""
-    import random
-
-    import numpy as np
-
-    from themis_clip.index.pgstore import PgStore
-
-    files = 120
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    for i in range(files):
-        Image.fromarray(photo_like(320, 240, i % 40)).save(
-            folder / f"{i:03d}.jpg", quality=85 + i % 10
-        )
-    exe = str(Path(sys.executable).parent / "themis-clip")
-
-    def index(url: str) -> subprocess.Popen[bytes]:
-        cmd = [
-            exe,
-            "index",
-            str(folder),
-            "--index",
-            url,
-            "--model",
-            str(tiny_model_dir),
-            "--batch-size",
-            "2",
-        ]
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def vectors(url: str) -> dict[str, np.ndarray]:
-        with PgStore(url, readonly=True) as store:
-            ids, matrix = store.load_vectors(32)
-            items = store.items_by_id([int(i) for i in ids])
-            return {items[int(i)].key: matrix[k] for k, i in enumerate(ids)}
-
-    def committed(database: str) -> int:
-        try:
-            rows = pg_server.admin("SELECT count(*) FROM themis_items", database=database)
-        except Exception:  # not created yet
-            return 0
-        return int(rows[0][0])
-
-    clean = pg_server.url(pg_server.new_database())
-    assert index(clean).wait(300) == 0
-    reference = vectors(clean)
-    assert len(reference) == files
-    rng = random.Random(3)
-    mid_run = 0
-    trials = 4
-    for _ in range(trials):
-        database = pg_server.new_database()
-        url = pg_server.url(database)
-        proc = index(url)
-        target = rng.randint(1, files - 1)
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and committed(database) < target:
-            time.sleep(0.02)
-        proc.kill()  # SIGKILL: the server rolls the open transaction back
-        proc.wait()
-        if committed(database):
-            partial = vectors(url)
-            assert all(np.array_equal(v, reference[k]) for k, v in partial.items())
-            mid_run += 0 < len(partial) < files
-        assert index(url).wait(300) == 0
-        finished = vectors(url)
-        assert finished.keys() == reference.keys()
-        assert all(np.array_equal(v, reference[k]) for k, v in finished.items())
-    assert mid_run >= trials // 2, f"only {mid_run} kills landed mid-run"

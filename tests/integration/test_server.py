@@ -24,7 +24,7 @@ from PIL import Image
 
 from tests.helpers import ServerProcess, photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
-from themis_clip.index.store import IndexStore
+from themis_clip.index.stores.sqlite import IndexStore
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.server import ServerSettings, create_app
 

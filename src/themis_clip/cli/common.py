@@ -10,7 +10,7 @@ from typing import Any
 
 from themis_clip.config import ModelConfig, PluginConfig
 from themis_clip.errors import ThemisClipError
-from themis_clip.index.tuning import GraphSettings
+from themis_clip.index.settings import GraphDType, GraphSettings
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.resources import demo_model_path
@@ -58,7 +58,7 @@ def index_args(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_INDE
         "--target-recall", type=float, help="recall@10 the search graph must reach (0.98)"
     )
     p.add_argument(
-        "--graph-dtype", choices=["f16", "i8", "f32"], help="search graph vector type (i8)"
+        "--graph-dtype", choices=[str(d) for d in GraphDType], help="search graph vector type (i8)"
     )
 
 
@@ -75,7 +75,8 @@ def graph_settings(args: argparse.Namespace) -> GraphSettings:
     target = args.target_recall if args.target_recall is not None else search.target_recall
     if not 0 < target <= 1:
         raise CLIError(f"--target-recall must be in (0, 1], got {target}")
-    return GraphSettings(target_recall=target, dtype=args.graph_dtype or search.graph_dtype)
+    dtype = GraphDType(args.graph_dtype or search.graph_dtype)
+    return GraphSettings(target_recall=target, dtype=dtype)
 
 
 def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:

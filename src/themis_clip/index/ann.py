@@ -35,10 +35,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.index.settings import GraphDType
+
 __all__ = ["DTYPES", "HNSWIndex"]
 
-#: Vector types the graph can hold: bytes per component 4, 2 and 1.
-DTYPES = ("f32", "f16", "i8")
+#: Vector types the graph can hold (the one list is :class:`GraphDType`).
+DTYPES = tuple(GraphDType)
 
 #: An i8 code is a component times 127 times the graph's scale.
 I8_SCALE = 127.0
@@ -109,7 +111,7 @@ class HNSWIndex:
         self._index = index
         self.view = view  # a memory-mapped saved graph: searchable, not modifiable
         #: i8 on "ip": codes are made here (module doc); the stretch is set by the first vectors.
-        self._coded = self.dtype == "i8" and self.metric == "ip"
+        self._coded = self.dtype == GraphDType.I8 and self.metric == "ip"
         self._stretch = _stored_stretch(index) if self._coded else None
 
     @classmethod
@@ -121,7 +123,7 @@ class HNSWIndex:
         connectivity: int = 16,
         expansion_add: int = 64,
         expansion_search: int = 64,
-        dtype: str = "f32",
+        dtype: str = GraphDType.F32,
         threads: int = 0,
         progress: Callable[[int, int], object] | None = None,
         i8_stretch: float | None = None,
@@ -139,7 +141,7 @@ class HNSWIndex:
         index = Index(
             ndim=vectors.shape[1],
             metric="ip",
-            dtype=dtype,
+            dtype=str(dtype),
             connectivity=connectivity,
             expansion_add=expansion_add,
             expansion_search=expansion_search,

@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from themis_clip.errors import IndexModelMismatchError
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.store import ItemRow
+from themis_clip.index.stores import ItemRow
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["check_origin", "import_embeddings"]

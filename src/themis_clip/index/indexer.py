@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.store import ItemRow
+from themis_clip.index.stores import ItemRow
 from themis_clip.interface import EmbeddingResult, ImageData
 from themis_clip.vocabulary import ModelIdentity
 

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from themis_clip.errors import MetadataError
+from themis_clip.jsonio import loads
 
 __all__ = [
     "LIMITS",
     "MetadataLimits",
+    "comparable",
     "decode_stored",
     "encode",
     "repair",
@@ -138,6 +140,33 @@ def validate_filters(filters: Any, *, limits: MetadataLimits = LIMITS) -> dict[s
     return dict(filters)
 
 
+def comparable(value: Any) -> tuple[str, Any]:
+    """A metadata value as ``(kind, SQL value)`` for equality filters, one rule for every level:
+    1 and 1.0 are one number (SQL compares them equal), ``true`` is not 1 (another kind), and
+    arrays and objects compare as canonical JSON in which integral floats are integers."""
+    if value is None:
+        return "null", None
+    if isinstance(value, bool):
+        return "bool", int(value)
+    if isinstance(value, int | float):
+        return "number", value
+    if isinstance(value, str):
+        return "text", value
+    kind = "object" if isinstance(value, Mapping) else "array"
+    canonical = json.dumps(_canonical(value), sort_keys=True, separators=(",", ":"))
+    return kind, canonical
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _INT_MAX:
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def encode(value: Mapping[str, Any] | Any) -> str:
     """Canonical JSON text: sorted keys, no NaN (raises ValueError), UTF-8 kept as is."""
     return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
@@ -148,7 +177,7 @@ def decode_stored(text: str | None, *, key: str = "?") -> dict[str, Any] | None:
     if not text:
         return None
     try:
-        value = json.loads(text, parse_constant=_refuse)
+        value = loads(text)  # the package's one strict-JSON rule
         return validate_metadata(value, limits=_READ_LIMITS)
     except (ValueError, MetadataError, RecursionError) as exc:
         log.warning("item %r: unreadable metadata ignored (%s)", key, exc)
@@ -164,7 +193,7 @@ def repair(text: str | None) -> str | None:
     if not text:
         return text
     try:
-        value = json.loads(text)
+        value = json.loads(text)  # lenient on purpose: NaN is what this repairs
     except (ValueError, RecursionError):
         return None
     fixed = _sanitise(value)
@@ -178,10 +207,6 @@ def repair(text: str | None) -> str | None:
 # Rows are read back under looser size limits than new writes get, so that tightening a limit
 # never hides metadata stored before; what cannot be served at all is still refused.
 _READ_LIMITS = MetadataLimits(max_bytes=1 << 20, max_values=1 << 16, max_depth=64)
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _sanitise(value: Any) -> Any:

@@ -1,40 +1,27 @@
-"""Search over a store: exact numpy, or an HNSW graph when one is measured to pay off.
+"""Search over a store: :class:`VectorIndex`, the index's one entry point.
 
-The store is the source of truth. For SQLite, the HNSW graph is a cache beside it
-(``<index>.usearch``) tagged with the store's ``write_version``. For PostgreSQL the database
-searches itself (pgvector's HNSW index, :mod:`.pgstore`), so several servers share one index.
+The store is the source of truth (:mod:`.stores`); a searcher (:mod:`.searchers`) answers the
+queries over it, picked once when the index opens: the local one (exact numpy, or an HNSW
+graph cached beside an SQLite file as ``<index>.usearch``) or PostgreSQL's own (pgvector's HNSW
+index, so several servers share one index).
 
 Exact or graph, and which graph, is measured, not fixed (:mod:`.tuning`): when exact search
 over the collection costs more than ``exact_fast_ms``, the tuner builds graphs from cheap to
 costly until one reaches the target recall@10 faster than exact search, or keeps exact search
-when none does (random-like data). The plan it measured is kept in the index's metadata and
-reported by :meth:`VectorIndex.stats`; it is measured again when the collection has doubled
-or halved since. Graphs hold i8 (default) or f16 vectors; their top candidates are re-scored
-exactly with the stored float32 vectors.
+when none does (random-like data). The plan it measured (:class:`~.settings.SearchPlan`) is
+kept in the index's metadata and reported by :meth:`VectorIndex.stats`; it is measured again
+when the collection has doubled or halved since. Graphs hold i8 (default) or f16 vectors; their
+top candidates are re-scored exactly with the stored float32 vectors. How graphs catch up with
+writes and when they are built is the local searcher's (:mod:`.searchers.local`).
 
-Writes do not throw the graph (or the exact matrix) away: the store records which rows each
-write touched, and the structure catches up with just those (:meth:`IndexStore.changes_since`);
-a graph is rebuilt only when more than a tenth of it was replaced or removed. A graph caught up
-in memory is saved on :meth:`VectorIndex.close` and by :meth:`VectorIndex.prepare_graph`.
-
-Building a graph of a million vectors takes minutes, so no search waits for one unless the
-caller wants that (the default for a writable index, and ``prepare_graph``, which
-``themis-clip index`` runs after indexing):
-
-* ``background_build=True`` (the HTTP server): searches stay exact (complete, correct, slower)
-  while a daemon thread tunes and builds on half the cores; the next search after it finishes
-  switches to it, after catching it up with the writes made meanwhile.
-* read-only without a current saved graph (one-shot CLI search): exact, since one exact query
-  is far cheaper than a graph that could not be kept.
+Thread safety: searches may run concurrently with each other (the HTTP server runs them on a
+thread pool); each searcher serialises only what changes its own structures.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,20 +30,21 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import IndexModelMismatchError, MetadataError, SearchIndexError
-from themis_clip.index.ann import HNSWIndex
+from themis_clip.index.kernels import top_k
 from themis_clip.index.metadata import validate_filters
-from themis_clip.index.stores import GraphFileStore, SearchingStore, Store, is_url, open_store
-from themis_clip.index.tuning import GraphSettings, SearchPlan, measure_exact_ms, rescore, tune
+from themis_clip.index.searchers.base import Searcher
+from themis_clip.index.settings import GraphSettings, SearchKind, SearchPlan
+from themis_clip.index.stores import Store, drop_store, is_url, open_store
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["Hit", "ModelStamp", "VectorIndex", "top_k"]
+__all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "ModelStamp", "VectorIndex", "top_k"]
 
 log = logging.getLogger(__name__)
 
-#: Filters matching at most this many items are answered exactly over just those items.
-SELECTIVE_FILTER = 20_000
-#: A graph is rebuilt rather than caught up when more than this share of it changed.
-CATCH_UP_SHARE = 0.1
+#: The saved HNSW graph lives beside the database as ``<index>`` + this suffix.
+GRAPH_SUFFIX = ".usearch"
+#: Most results one search may ask for.
+MAX_K = 10_000
 
 
 def ModelStamp(*, model_id: str, sha256: str, dim: int) -> ModelIdentity:  # noqa: N802
@@ -70,25 +58,6 @@ class Hit:
     score: float
     path: str | None
     metadata: dict[str, Any] | None
-
-
-def top_k(
-    matrix: npt.NDArray[np.float32], query: npt.NDArray[np.float32], k: int
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-    """Exact top ``k`` rows of ``matrix @ query``: ``(row indices, scores)``, best first."""
-    scores = matrix @ query
-    k = min(k, len(scores))
-    if k <= 0:
-        return np.empty(0, np.int64), np.empty(0, np.float32)
-    part = np.argpartition(-scores, k - 1)[:k]
-    order = part[np.argsort(-scores[part], kind="stable")]
-    return order.astype(np.int64), scores[order].astype(np.float32)
-
-
-#: The saved HNSW graph lives beside the database as ``<index>`` + this suffix.
-GRAPH_SUFFIX = ".usearch"
-#: Most results one search may ask for.
-MAX_K = 10_000
 
 
 class VectorIndex:
@@ -122,26 +91,60 @@ class VectorIndex:
     ) -> None:
         self.store: Store = open_store(location, readonly=readonly)
         self.location = str(self.store.path)  # for messages: a URL without its password
-        self.exact_threshold = exact_threshold
-        self.expansion_search = expansion_search
         self.settings = settings or GraphSettings()
-        self.progress = progress
-        self._fixed = (
-            (connectivity, expansion_add or 4 * connectivity) if connectivity is not None else None
+        try:
+            self.searcher: Searcher = self._searcher_for(
+                location,
+                exact_threshold=exact_threshold,
+                expansion_search=expansion_search,
+                fixed=(
+                    (connectivity, expansion_add or 4 * connectivity)
+                    if connectivity is not None
+                    else None
+                ),
+                background=background_build,
+                progress=progress,
+            )
+        except BaseException:
+            self.store.close()
+            raise
+
+    def _searcher_for(
+        self,
+        location: str | Path,
+        *,
+        exact_threshold: int | None,
+        expansion_search: int | None,
+        fixed: tuple[int, int] | None,
+        background: bool,
+        progress: Callable[[str, int, int], object] | None,
+    ) -> Searcher:
+        """The searcher for this store, chosen once: PostgreSQL searches itself, every other
+        store is searched here."""
+        from themis_clip.index.stores.postgres import PgStore
+
+        if isinstance(self.store, PgStore):
+            from themis_clip.index.searchers.postgres import PgSearcher
+
+            return PgSearcher(self.store, self.settings, progress=progress)
+        from themis_clip.index.searchers.local import LocalSearcher
+        from themis_clip.index.stores.sqlite import IndexStore
+
+        assert isinstance(self.store, IndexStore)  # the stores there are: open_store
+        return LocalSearcher(
+            self.store,
+            graph_path=Path(str(location) + GRAPH_SUFFIX),
+            settings=self.settings,
+            exact_threshold=exact_threshold,
+            expansion_search=expansion_search,
+            fixed=fixed,
+            background=background,
+            progress=progress,
         )
-        self._ann_path = None if is_url(location) else Path(str(location) + GRAPH_SUFFIX)
-        self._cache_version = -1
-        self._ids: npt.NDArray[np.int64] = np.empty(0, np.int64)
-        self._matrix: npt.NDArray[np.float32] = np.empty((0, 0), np.float32)
-        self._ann: HNSWIndex | None = None
-        self._dirty = False  # the graph in memory is ahead of the saved file
-        self._background = background_build
-        self._building: tuple[int, Future[tuple[SearchPlan, HNSWIndex | None]]] | None = None
 
     def close(self) -> None:
         try:
-            if self._dirty and self._ann is not None and not self.store.readonly:
-                self._save(self._ann)
+            self.searcher.close()
         finally:
             self.store.close()
 
@@ -154,13 +157,9 @@ class VectorIndex:
     @staticmethod
     def remove(location: str | Path) -> None:
         """Delete an index with all its side files (a PostgreSQL index: its tables)."""
-        if is_url(location):
-            from themis_clip.index.pgstore import PgStore
-
-            PgStore.drop(str(location))
-            return
-        for file in VectorIndex.files(location):
-            file.unlink(missing_ok=True)
+        drop_store(location)
+        if not is_url(location):
+            Path(str(location) + GRAPH_SUFFIX).unlink(missing_ok=True)
 
     def __enter__(self) -> VectorIndex:
         return self
@@ -196,15 +195,6 @@ class VectorIndex:
                 f"or --rebuild to replace this index), or load model {current.model_id} again."
             )
 
-    @property
-    def _searching(self) -> SearchingStore:
-        return self.store  # type: ignore[return-value]  # searches_itself says it is one
-
-    @property
-    def _graph_file_store(self) -> GraphFileStore:
-        assert self._ann_path is not None  # a file store: only those keep a graph file beside
-        return self.store  # type: ignore[return-value]
-
     # -- search --------------------------------------------------------------------------------
 
     def search(
@@ -223,11 +213,7 @@ class VectorIndex:
             )
         if not np.all(np.isfinite(query)):
             raise SearchIndexError("the query vector has NaN or infinite components")
-        if self.store.searches_itself:
-            ids, scores = self._searching.nearest(query, k, filters)
-        else:
-            allowed = self.store.ids_matching(filters) if filters else None
-            ids, scores = self._search_local(query, k, allowed, stamp.dim)
+        ids, scores = self.searcher.search(query, k, filters, stamp.dim)
         if filters and not len(ids):  # only then can a key be unknown (no second scan before)
             self._check_filter_keys(filters)
         items = self.store.items_by_id([int(i) for i in ids])
@@ -245,7 +231,8 @@ class VectorIndex:
     def _check_filter_keys(self, filters: Mapping[str, Any]) -> None:
         """A filter on a key no item has is a mistake (a typo, or the wrong index): say so."""
         keys = list(validate_filters(filters))
-        unknown = [k for k in keys if k not in self.store.metadata_keys_present(keys)]
+        present = self.store.metadata_keys_present(keys)  # once: it was once per key
+        unknown = [k for k in keys if k not in present]
         if unknown and self.store.count():
             known = [f["key"] for f in self.store.metadata_facets(max_keys=20, max_values=0)]
             raise MetadataError(
@@ -253,47 +240,6 @@ class VectorIndex:
                 f"{', '.join(repr(k) for k in unknown)}; keys it has: "
                 f"{', '.join(repr(k) for k in known) or 'none'}"
             )
-
-    def _search_local(
-        self,
-        query: npt.NDArray[np.float32],
-        k: int,
-        allowed: set[int] | None,
-        dim: int,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        self._refresh(dim)
-        graph_or_empty = self._ann is not None or not len(self._ids)
-        if allowed is not None and graph_or_empty and len(allowed) <= SELECTIVE_FILTER:
-            ids = np.fromiter(allowed, dtype=np.int64, count=len(allowed))  # exact: complete
-            return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
-        if self._ann is None:
-            if allowed is None:
-                rows, scores = top_k(self._matrix, query, k)
-                return self._ids[rows], scores
-            mask = np.isin(self._ids, np.fromiter(allowed, dtype=np.int64, count=len(allowed)))
-            rows, scores = top_k(self._matrix[mask], query, k)
-            return self._ids[mask][rows], scores
-        ann = self._ann
-        compact = ann.dtype != "f32"
-        want = k
-        if allowed is not None:  # a broad filter: widen the candidate list by its rarity
-            want = int(k * max(1.0, 2 * len(ann) / max(1, len(allowed))))
-        # Matches found only at the edge of the beam are its least accurate part: ask for as
-        # many matching candidates as an unfiltered search re-scores, at least twice k.
-        enough = max(2 * k, self.settings.fetch(k, ann.dtype))
-        while True:
-            fetch = min(len(ann), self.settings.fetch(want, ann.dtype))
-            ids, scores = ann.search(query, fetch)
-            if allowed is None:
-                break
-            keep = np.fromiter((int(i) in allowed for i in ids), dtype=bool, count=len(ids))
-            ids, scores = ids[keep], scores[keep]
-            if len(ids) >= min(enough, len(allowed)) or fetch >= len(ann):
-                break
-            want *= 4  # the matches lie further out: widen until enough are found (or all seen)
-        if compact:
-            return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
-        return ids[:k], scores[:k]
 
     def search_like(
         self, key: str, k: int = 10, filters: Mapping[str, Any] | None = None
@@ -306,6 +252,15 @@ class VectorIndex:
         norm = float(np.linalg.norm(vector))
         return self.search(vector / norm if norm > 0 else vector, k, filters)
 
+    @property
+    def progress(self) -> Callable[[str, int, int], object] | None:
+        """``(phase, done, total)`` while a search structure is built (settable)."""
+        return self.searcher.progress
+
+    @progress.setter
+    def progress(self, value: Callable[[str, int, int], object] | None) -> None:
+        self.searcher.progress = value
+
     # -- what the next search does ---------------------------------------------------------
 
     @property
@@ -314,24 +269,14 @@ class VectorIndex:
         return SearchPlan.from_json(self.store.meta().get("search_plan"))
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> SearchKind:
         """``"exact"``, ``"hnsw"`` (our graph) or ``"pgvector"``: how the next search runs."""
-        if self.store.searches_itself:
-            return self._searching.search_mode()
-        # Counting rows is a scan: only the fixed-threshold rule needs it (every response
-        # reports the mode).
-        if self.exact_threshold is not None and self.store.count() <= self.exact_threshold:
-            return "exact"
-        if self._graph_is_current() or self._saved_tag_is_current():
-            return "hnsw"
-        if self.exact_threshold is not None and not (self._background or self.store.readonly):
-            return "hnsw"  # the next search builds the graph
-        return "exact"
+        return self.searcher.mode
 
     @property
     def graph_building(self) -> bool:
         """Whether a background graph build is running."""
-        return self._building is not None and not self._building[1].done()
+        return self.searcher.building
 
     def stats(self) -> dict[str, Any]:
         """Size, mode, the tuner's measured plan and bytes per item (graph and store)."""
@@ -345,14 +290,7 @@ class VectorIndex:
             "store_bytes_per_item": (self.store.size_bytes() / count) if count else None,
             "plan": plan.to_dict() if plan else None,
         }
-        if self._ann is not None:
-            out["graph"] = {
-                "dtype": self._ann.dtype,
-                "connectivity": self._ann.connectivity,
-                "expansion_search": self._ann.expansion_search,
-                "items": len(self._ann),
-                "bytes_per_item": self._ann.serialized_bytes / max(1, len(self._ann)),
-            }
+        out.update(self.searcher.stats())
         return out
 
     def prepare_graph(self) -> bool:
@@ -365,230 +303,4 @@ class VectorIndex:
         stamp = self.stamp
         if stamp is None:
             return False
-        if self.store.searches_itself:
-            return self._searching.prepare(self.settings, progress=self.progress)
-        forced = self.exact_threshold is not None
-        if forced and self.store.count() <= (self.exact_threshold or 0):
-            return False
-        self._refresh(stamp.dim, build=False)  # the saved graph, caught up; else exact
-        if self._ann is not None:
-            if self._dirty:
-                self._save(self._ann)
-            return False
-        plan = self.plan
-        exact_planned = not forced and plan is not None and plan.kind == "exact"
-        if exact_planned and not self._plan_is_stale(len(self._ids)):
-            return False  # measured: exact search is the better choice at this size
-        return self._tune_and_install(stamp.dim, threads=0)
-
-    # -- keeping the structures current --------------------------------------------------------
-
-    def _graph_is_current(self) -> bool:
-        return self._ann is not None and self._cache_version == self.store.write_version
-
-    def _saved_tag_is_current(self) -> bool:
-        meta = self.store.meta()
-        return (
-            self._ann_path is not None
-            and meta.get("ann_version") == str(self.store.write_version)
-            and self._ann_path.is_file()
-        )
-
-    def _plan_is_stale(self, count: int) -> bool:
-        """Whether the measured plan no longer describes the collection (never tuned, or it has
-        doubled or halved since)."""
-        plan = self.plan
-        return plan is None or not (plan.items / 2 <= count <= plan.items * 2)
-
-    def _refresh(self, dim: int, *, build: bool = True) -> None:
-        self._collect_background(dim)  # may install (and save: a new version) a built graph
-        version = self.store.write_version
-        if version == self._cache_version:
-            return
-        if self._cache_version >= 0 and self._catch_up(dim, version):
-            if self._ann is not None:
-                return
-        else:
-            forced = self.exact_threshold is not None
-            if forced and self.store.count() <= (self.exact_threshold or 0):
-                self._load_exact(dim, version)
-                return
-            plan = self.plan
-            if (forced or (plan is not None and plan.kind == "hnsw")) and self._load_saved(
-                dim, version
-            ):
-                return
-            self._load_exact(dim, version)
-        if build:
-            self._maybe_build(dim)
-
-    def _maybe_build(self, dim: int) -> None:
-        """Serving exactly: start measuring (and building) a graph if it may now pay off."""
-        count = len(self._ids)
-        if self.graph_building:
-            return
-        if self.exact_threshold is not None:
-            if count <= self.exact_threshold:
-                return
-        else:
-            plan = self.plan
-            if plan is not None and plan.kind == "exact" and not self._plan_is_stale(count):
-                return  # measured for about this size: exact is better
-            if plan is None or self._plan_is_stale(count):
-                exact_ms, _ = measure_exact_ms(self._matrix, self._matrix[:15])
-                if exact_ms <= self.settings.exact_fast_ms:
-                    return  # exact search is cheap: not worth measuring a graph yet
-        if self._background:
-            self._start_build(self._cache_version)
-        elif self.store.readonly:
-            log.info(
-                "%s has no current search graph; searching exactly (`themis-clip index` builds it)",
-                self.location,
-            )
-        else:
-            self._tune_and_install(dim, threads=0)
-
-    def _catch_up(self, dim: int, version: int) -> bool:
-        """Bring the graph or matrix in use from ``_cache_version`` to ``version`` by applying
-        just the rows written and removed since; False when a rebuild is better."""
-        changed, vectors, removed = self.store.changes_since(self._cache_version, dim)
-        ann = self._ann
-        if ann is not None:
-            if ann.view:
-                return False  # a memory-mapped graph cannot change
-            existing = ann.keys()
-        else:
-            existing = self._ids
-        drop = np.union1d(removed, changed)
-        drop = drop[np.isin(drop, existing)]
-        if ann is not None:
-            if len(drop) > CATCH_UP_SHARE * len(existing) + 100:
-                return False  # too many holes: a fresh graph searches better
-            count = len(existing) - len(drop) + len(changed)
-            if self.exact_threshold is None and self._plan_is_stale(count):
-                return False  # the collection outgrew the plan: measure again
-            ann.remove(drop)
-            ann.add(changed, vectors, threads=0)
-            self._dirty = self._dirty or bool(len(drop) or len(changed))
-        else:
-            keep = ~np.isin(self._ids, drop)
-            self._ids = np.concatenate([self._ids[keep], changed])
-            self._matrix = np.concatenate([self._matrix[keep], vectors.reshape(-1, dim)])
-        self._cache_version = version
-        return True
-
-    def _load_exact(self, dim: int, version: int) -> None:
-        self._ids, self._matrix = self.store.load_vectors(dim)
-        self._ann = None
-        self._dirty = False
-        self._cache_version = version
-
-    def _use(self, ann: HNSWIndex, version: int) -> None:
-        self._ann = ann  # the exact-search matrix is no longer needed: free it
-        self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, 0), np.float32)
-        self._cache_version = version
-
-    def _load_saved(self, dim: int, version: int) -> bool:
-        """Use the saved graph: memory-mapped when current and read-only, loaded and caught up
-        when it is behind and the index is writable."""
-        if self._ann_path is None:
-            return False
-        tag = self.store.meta().get("ann_version")
-        if tag is None or not tag.isdigit():
-            return False
-        saved_at = int(tag)
-        if saved_at != version and self.store.readonly:
-            return False
-        plan = self.plan
-        ef = self.expansion_search or (plan.expansion_search if plan else None) or 64
-        graph = HNSWIndex.open(self._ann_path, view=self.store.readonly, expansion_search=ef)
-        if graph is None:
-            return False
-        self._use(graph, saved_at)
-        if saved_at == version or self._catch_up(dim, version):
-            return True
-        self._ann, self._cache_version = None, -1
-        return False
-
-    def _tune(
-        self,
-        ids: npt.NDArray[np.int64],
-        matrix: npt.NDArray[np.float32],
-        *,
-        threads: int,
-    ) -> tuple[SearchPlan, HNSWIndex | None]:
-        log.info("measuring search over %s (%d vectors)", self.location, len(ids))
-        plan, graph = tune(
-            ids,
-            matrix,
-            self.settings,
-            threads=threads,
-            force_graph=self.exact_threshold is not None,
-            fixed=self._fixed,
-            fixed_expansion_search=self.expansion_search,
-            progress=self.progress,
-        )
-        log.info("search plan for %s: %s: %s", self.location, plan.kind, plan.reason)
-        return plan, graph
-
-    def _tune_and_install(self, dim: int, *, threads: int) -> bool:
-        version = self.store.write_version
-        if self._ann is not None or self._cache_version != version:
-            self._load_exact(dim, version)
-        plan, graph = self._tune(self._ids, self._matrix, threads=threads)
-        return self._install(plan, graph, version, dim)
-
-    def _collect_background(self, dim: int) -> None:
-        if self._building is None or not self._building[1].done():
-            return
-        built, future = self._building
-        self._building = None
-        try:
-            plan, graph = future.result()
-        except Exception as exc:  # a failed build leaves exact search serving
-            log.warning("building the search graph for %s failed: %s", self.location, exc)
-            return
-        self._install(plan, graph, built, dim)
-
-    def _install(self, plan: SearchPlan, graph: HNSWIndex | None, version: int, dim: int) -> bool:
-        """Record ``plan``; serve ``graph`` (built for ``version``), caught up with later
-        writes, and save it when the index is writable."""
-        if not self.store.readonly:
-            self.store.set_meta({"search_plan": plan.to_json()})
-        if graph is None:
-            if self._ann is not None:
-                self._ann, self._cache_version = None, -1
-            return False
-        self._use(graph, version)
-        current = self.store.write_version
-        if current != version and not self._catch_up(dim, current):
-            self._ann, self._cache_version = None, -1  # too much changed meanwhile: rebuild
-            return True
-        if not self.store.readonly:
-            self._save(graph)
-        return True
-
-    def _save(self, graph: HNSWIndex) -> None:
-        assert self._ann_path is not None
-        graph.save(self._ann_path)
-        # The tag records the version the graph matches (writing it is a version of its own).
-        tag = self._graph_file_store.tag_graph(self._cache_version)
-        if tag > self._cache_version:
-            self._cache_version = tag
-        self._dirty = False
-
-    def _start_build(self, version: int) -> None:
-        """Tune and build on a daemon thread from a snapshot of the vectors (no store use
-        off-thread)."""
-        ids, matrix = self._ids, self._matrix
-        future: Future[tuple[SearchPlan, HNSWIndex | None]] = Future()
-        threads = max(1, (os.cpu_count() or 2) // 2)  # leave cores to the embedding sessions
-
-        def work() -> None:
-            try:
-                future.set_result(self._tune(ids, matrix, threads=threads))
-            except BaseException as exc:
-                future.set_exception(exc)
-
-        self._building = (version, future)
-        threading.Thread(target=work, name="themis-hnsw-build", daemon=True).start()
+        return self.searcher.prepare(stamp.dim)

@@ -78,7 +78,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
                 background_build=True,
                 settings=settings.search_settings,
             )
-            if state.index.store.searches_itself and state.index.mode == "exact":
+            if state.index.store.kind == "postgresql" and state.index.mode == "exact":
                 log.warning(
                     "the index at %s has no pgvector HNSW index yet: searches scan every row "
                     "(`themis-clip index` builds it)",

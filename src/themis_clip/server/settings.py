@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from themis_clip.config import PluginConfig
-from themis_clip.index.tuning import GraphSettings
+from themis_clip.index.settings import GraphSettings
 
 __all__ = ["ServerSettings"]
 

@@ -35,6 +35,8 @@ class AppState:
     metrics: Metrics
     ready: bool = False
     index: VectorIndex | None = None
+    # Orders index writes (bind_model + upsert); searches never take it (VectorIndex serves
+    # concurrent readers itself).
     index_lock: threading.Lock = field(default_factory=threading.Lock)
     image_batcher: MicroBatcher[bytes, EmbeddingResult] | None = None
     text_batcher: MicroBatcher[tuple[str, str | None], EmbeddingResult] | None = None

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
-from themis_clip.index.store import ItemRow
+from themis_clip.index.stores import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
@@ -80,13 +80,12 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         item_key = body.item
 
         def like() -> tuple[list[Any], str, str]:
-            with state.index_lock:
-                stamp = idx.stamp
-                try:
-                    hits = idx.search_like(item_key, body.k, body.filters)
-                except KeyError:
-                    raise APIError(404, "NotFound", f"no item {item_key!r}") from None
-                return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
+            stamp = idx.stamp
+            try:
+                hits = idx.search_like(item_key, body.k, body.filters)
+            except KeyError:
+                raise APIError(404, "NotFound", f"no item {item_key!r}") from None
+            return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
 
         hits, mode, space = await asyncio.to_thread(like)
         return _results(hits, mode, space)
@@ -119,10 +118,9 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         query = result.embedding
 
     def run() -> tuple[list[Any], str]:
-        with state.index_lock:
-            if idx.stamp is not None:
-                idx.bind_model(current)  # 409 when the index was built by another model
-            return idx.search(query, body.k, body.filters), idx.mode
+        if idx.stamp is not None:
+            idx.bind_model(current)  # 409 when the index was built by another model
+        return idx.search(query, body.k, body.filters), idx.mode
 
     hits, mode = await asyncio.to_thread(run)
     return _results(hits, mode, current.model_id)
@@ -154,25 +152,24 @@ async def index_info(state: StateDep) -> dict[str, Any]:
     served = state.plugin.model_identity
 
     def read() -> dict[str, Any]:
-        with state.index_lock:
-            stamp = idx.stamp
-            stats = idx.stats()
-            plan = stats["plan"]
-            return {
-                "items": stats["items"],
-                "mode": stats["mode"],
-                "graph_building": stats["graph_building"],
-                "store": stats["store"],
-                "search_plan": {k: v for k, v in plan.items() if k != "steps"} if plan else None,
-                "model_id": stamp.model_id if stamp else None,
-                "dim": stamp.dim if stamp else None,
-                "server_model_id": served.model_id if served else None,
-                "comparable": stamp is None
-                or (
-                    served is not None
-                    and (stamp.sha256, stamp.dim) == (served.sha256, served.embedding_dim)
-                ),
-            }
+        stamp = idx.stamp
+        stats = idx.stats()
+        plan = stats["plan"]
+        return {
+            "items": stats["items"],
+            "mode": stats["mode"],
+            "graph_building": stats["graph_building"],
+            "store": stats["store"],
+            "search_plan": {k: v for k, v in plan.items() if k != "steps"} if plan else None,
+            "model_id": stamp.model_id if stamp else None,
+            "dim": stamp.dim if stamp else None,
+            "server_model_id": served.model_id if served else None,
+            "comparable": stamp is None
+            or (
+                served is not None
+                and (stamp.sha256, stamp.dim) == (served.sha256, served.embedding_dim)
+            ),
+        }
 
     return await asyncio.to_thread(read)
 
@@ -183,8 +180,7 @@ async def index_filters(state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
 
     def read() -> list[dict[str, Any]]:
-        with state.index_lock:
-            return idx.store.metadata_facets()
+        return idx.store.metadata_facets()
 
     return {"keys": await asyncio.to_thread(read)}
 
@@ -212,9 +208,8 @@ async def _picture(state: AppState, key: str, size: int) -> Response:
     max_pixels = state.settings.plugin_config.preprocess.max_image_pixels
 
     def load() -> bytes | None:
-        with state.index_lock:
-            item = idx.store.get(key)
-            stored = idx.store.thumbnail(key) if item else None
+        item = idx.store.get(key)
+        stored = idx.store.thumbnail(key) if item else None
         if item is None:
             return None
         if stored is not None:
@@ -241,8 +236,7 @@ async def item_info(key: str, state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
 
     def load() -> Any:
-        with state.index_lock:
-            return idx.store.get(key)
+        return idx.store.get(key)
 
     item = await asyncio.to_thread(load)
     if item is None:

@@ -13,22 +13,30 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
     (v3) metadata repaired: NaN/Infinity → null, lone surrogates → U+FFFD, unreadable → NULL
     items.written INTEGER (v4)                      the write_version that last wrote the vector
     removed(id PRIMARY KEY, at INTEGER) (v4)        ids deleted, and at which write_version
+    fields(id, key, kind, value) (v5)               each item's top-level metadata values, as
+                                                    :func:`.metadata.comparable` makes them
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
 version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
 
 Metadata is validated on the way in (:mod:`.metadata`: bounded, strict JSON objects) and read
-back without ever raising; filters are matched with ``json_each`` and bound parameters only.
+back without ever raising. Filters, facets and key checks read ``fields``, whose index on
+``(key, kind, value)`` answers each filter term with one index range, whatever the number
+of keys the items hold (scanning every item's JSON took seconds with ~500 keys an item).
 
 The database runs in WAL mode with ``synchronous=NORMAL``: a killed process loses at most the
-transaction it was in, never a committed one, and never leaves a half-written row.
+transaction it was in, never a committed one, and never leaves a half-written row. Writes go
+through one connection; reads through one connection per thread (WAL readers do not wait for
+each other or for the writer, and never see a transaction another thread has not committed),
+except inside this thread's own transaction, which reads what it is writing.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,8 +45,9 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import encode, repair, validate_filters
-from themis_clip.index.rows import (
+from themis_clip.index.metadata import comparable, validate_filters
+from themis_clip.index.stores.base import StoreKind
+from themis_clip.index.stores.rows import (
     COLUMNS,
     ItemRow,
     StoredItem,
@@ -46,73 +55,17 @@ from themis_clip.index.rows import (
     like_under,
     stored_item,
 )
+from themis_clip.index.stores.sqlschema import (
+    ADD_FIELDS,
+    FILTER_TERM,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    fields_of,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
-
-SCHEMA_VERSION = 4
-# One filter term, constant SQL: the key and the value (three times) are bound parameters.
-# JSON equality: the same kind (1 and 1.0 are one number, true is not 1) and the same value.
-_FILTER_CLAUSE = """EXISTS (SELECT 1 FROM json_each(items.metadata) AS e WHERE e.key = ?
-    AND (CASE WHEN e.type IN ('integer', 'real') THEN 'number' ELSE e.type END)
-      = (CASE WHEN json_type(?) IN ('integer', 'real') THEN 'number' ELSE json_type(?) END)
-    AND (e.type = 'null' OR e.value = json_extract(?, '$')))"""
-
-
-def _repair_metadata(db: sqlite3.Connection) -> None:
-    """v3: rows that an older version let in with metadata no reader can parse or serve."""
-    rows = db.execute(
-        "SELECT id, metadata FROM items WHERE metadata IS NOT NULL AND "
-        "(NOT json_valid(metadata) OR metadata GLOB '*[\\]u[dD][89abAB]*' "
-        "OR metadata GLOB '*[\\]u[dD][c-fC-F]*')"
-    ).fetchall()
-    fixed = [(repair(text), row_id) for row_id, text in rows]
-    db.executemany("UPDATE items SET metadata = ? WHERE id = ?", fixed)
-    if fixed:
-        log.warning("index: repaired the metadata of %d item(s) (older version)", len(fixed))
-
-
-def _track_changes(db: sqlite3.Connection) -> None:
-    """v4: change tracking, so search structures catch up with writes instead of being rebuilt.
-    A graph saved before it cannot tell what changed since, so its tag is dropped (rebuilt
-    once). Idempotent: an index whose version number was lowered by hand still opens."""
-    columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
-    if "written" not in columns:
-        db.execute("ALTER TABLE items ADD COLUMN written INTEGER NOT NULL DEFAULT 0")
-    db.execute("CREATE INDEX IF NOT EXISTS items_written ON items(written)")
-    db.execute("CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)")
-    db.execute("CREATE INDEX IF NOT EXISTS removed_at ON removed(at)")
-    db.execute("DELETE FROM meta WHERE key = 'ann_version'")
-
-
-_MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
-    1: [
-        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-        """CREATE TABLE items (
-            id INTEGER PRIMARY KEY,
-            key TEXT NOT NULL UNIQUE,
-            path TEXT,
-            size INTEGER,
-            mtime_ns INTEGER,
-            sha256 TEXT,
-            metadata TEXT,
-            vector BLOB NOT NULL
-        )""",
-        "CREATE INDEX items_sha256 ON items(sha256)",
-        "CREATE INDEX items_path ON items(path)",
-        """CREATE TABLE failures (
-            path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, error TEXT NOT NULL
-        )""",
-    ],
-    # v2: small JPEG previews for items that have no file on disk (added over HTTP).
-    2: ["ALTER TABLE items ADD COLUMN thumbnail BLOB"],
-    # v3: metadata that is not strict JSON (NaN) or holds lone surrogates, rewritten once.
-    3: [_repair_metadata],
-    # v4: change tracking, so search structures catch up instead of rebuilding. A graph saved
-    # before it cannot tell what changed since, so it is dropped (rebuilt once).
-    4: [_track_changes],
-}
 
 
 class IndexStore:
@@ -123,15 +76,15 @@ class IndexStore:
         readonly: open without write access (``mode=ro``); a missing file is an error.
     """
 
-    kind = "sqlite"
-    #: Searched by :class:`~themis_clip.index.search.VectorIndex` (numpy or the HNSW graph).
-    searches_itself = False
+    kind = StoreKind.SQLITE
 
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         self.readonly = readonly
-        self._meta_cache: dict[str, str] | None = None
-        self._meta_seen = -1
+        self._local = threading.local()  # this thread's reader and its meta cache
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._writing_thread: int | None = None
         if readonly and not self.path.is_file():
             raise SearchIndexError(
                 f"no index at {self.path}; build one with `themis-clip index DIR`"
@@ -150,7 +103,32 @@ class IndexStore:
             raise SearchIndexError(f"cannot open index {self.path}: {exc}") from exc
 
     def close(self) -> None:
+        with self._readers_lock:
+            for reader in self._readers:
+                reader.close()
+            self._readers.clear()
         self._db.close()
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read connection (the writer's own inside its transaction)."""
+        if self._writing_thread == threading.get_ident():
+            return self._db
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(
+                    f"file:{self.path}?mode=ro",
+                    uri=True,
+                    check_same_thread=False,
+                    isolation_level=None,
+                )
+                conn.execute("PRAGMA busy_timeout = 10000")
+            except sqlite3.DatabaseError as exc:
+                raise SearchIndexError(f"cannot open index {self.path}: {exc}") from exc
+            with self._readers_lock:
+                self._readers.append(conn)
+            self._local.conn, self._local.meta = conn, (-1, {})
+        return conn
 
     def __enter__(self) -> IndexStore:
         return self
@@ -173,7 +151,7 @@ class IndexStore:
             raise SearchIndexError(f"index {self.path} needs a migration; open it writable once")
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self.transaction() as db:
-                for step in _MIGRATIONS[target]:
+                for step in MIGRATIONS[target]:
                     if callable(step):
                         step(db)
                     else:
@@ -186,29 +164,34 @@ class IndexStore:
         if self.readonly:
             raise SearchIndexError(f"index {self.path} is open read-only")
         self._db.execute("BEGIN IMMEDIATE")
+        self._writing_thread = threading.get_ident()
         try:
             yield self._db
+            self._db.execute(
+                "INSERT INTO meta(key, value) VALUES('write_version', '1') ON CONFLICT(key) "
+                "DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+            )
         except BaseException:
+            self._writing_thread = None
             self._db.execute("ROLLBACK")
-            self._meta_cache = None
             raise
-        self._db.execute(
-            "INSERT INTO meta(key, value) VALUES('write_version', '1') ON CONFLICT(key) "
-            "DO UPDATE SET value = CAST(value AS INTEGER) + 1"
-        )
+        self._writing_thread = None
         self._db.execute("COMMIT")
-        self._meta_cache = None  # this connection's own commits do not change data_version
 
     # -- meta ----------------------------------------------------------------------------------
 
     def meta(self) -> dict[str, str]:
-        """The meta table, cached until a write here or elsewhere (SQLite's ``data_version``
-        changes when another connection commits): searches read it at no cost."""
-        (seen,) = self._db.execute("PRAGMA data_version").fetchone()
-        if self._meta_cache is None or seen != self._meta_seen:
-            self._meta_cache = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-            self._meta_seen = seen
-        return dict(self._meta_cache)
+        """The meta table, cached per reader until a write here or elsewhere (a connection's
+        ``data_version`` changes when another one commits): searches read it at no cost."""
+        db = self._reader()
+        if db is self._db:  # inside this thread's transaction: what it has written so far
+            return dict(db.execute("SELECT key, value FROM meta").fetchall())
+        (seen,) = db.execute("PRAGMA data_version").fetchone()
+        cached_at, cached = self._local.meta
+        if seen != cached_at:
+            cached = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            self._local.meta = (seen, cached)
+        return dict(cached)
 
     def set_meta(self, values: Mapping[str, str | int]) -> None:
         with self.transaction() as db:
@@ -260,6 +243,14 @@ class IndexStore:
                 [(*v, written) for v in values],
             )
             db.executemany(
+                "DELETE FROM fields WHERE id = (SELECT id FROM items WHERE key = ?)",
+                [(r.key,) for r in rows],
+            )
+            db.executemany(
+                ADD_FIELDS + " WHERE key = ?",
+                [(*field, r.key) for r in rows for field in fields_of(r.metadata)],
+            )
+            db.executemany(
                 "DELETE FROM failures WHERE path = ?", [(r.path,) for r in rows if r.path]
             )
 
@@ -277,6 +268,7 @@ class IndexStore:
             db.executemany(
                 "INSERT OR REPLACE INTO removed(id, at) VALUES(?, ?)", [(i, at) for (i,) in gone]
             )
+            db.executemany("DELETE FROM fields WHERE id = ?", gone)
             return len(gone)
 
     def rename(self, old_key: str, new_key: str, *, path: str, size: int, mtime_ns: int) -> None:
@@ -288,7 +280,7 @@ class IndexStore:
 
     def _select(self, where: str, params: Sequence[Any]) -> sqlite3.Cursor:
         # Constant SQL built here; every value is a bound parameter.
-        return self._db.execute(f"SELECT {COLUMNS} FROM items WHERE {where}", params)  # noqa: S608
+        return self._reader().execute(f"SELECT {COLUMNS} FROM items WHERE {where}", params)  # noqa: S608
 
     def get(self, key: str) -> StoredItem | None:
         row = self._select("key = ?", (key,)).fetchone()
@@ -304,20 +296,20 @@ class IndexStore:
         return [stored_item(r) for r in rows]
 
     def vector(self, key: str) -> npt.NDArray[np.float32] | None:
-        row = self._db.execute("SELECT vector FROM items WHERE key = ?", (key,)).fetchone()
+        row = self._reader().execute("SELECT vector FROM items WHERE key = ?", (key,)).fetchone()
         return np.frombuffer(row[0], dtype="<f4").astype(np.float32) if row else None
 
     def thumbnail(self, key: str) -> bytes | None:
-        row = self._db.execute("SELECT thumbnail FROM items WHERE key = ?", (key,)).fetchone()
+        row = self._reader().execute("SELECT thumbnail FROM items WHERE key = ?", (key,)).fetchone()
         return bytes(row[0]) if row and row[0] is not None else None
 
     def count(self) -> int:
-        (n,) = self._db.execute("SELECT COUNT(*) FROM items").fetchone()
+        (n,) = self._reader().execute("SELECT COUNT(*) FROM items").fetchone()
         return int(n)
 
     def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """All ``(ids, vectors [n, dim])``, in id order."""
-        rows = self._db.execute("SELECT id, vector FROM items ORDER BY id").fetchall()
+        rows = self._reader().execute("SELECT id, vector FROM items ORDER BY id").fetchall()
         return _unpack(rows, dim)
 
     def changes_since(
@@ -327,11 +319,13 @@ class IndexStore:
 
         A removed id may come back written (SQLite reuses the largest id): remove first.
         """
-        rows = self._db.execute(
-            "SELECT id, vector FROM items WHERE written > ? ORDER BY id", (version,)
-        ).fetchall()
+        rows = (
+            self._reader()
+            .execute("SELECT id, vector FROM items WHERE written > ? ORDER BY id", (version,))
+            .fetchall()
+        )
         ids, matrix = _unpack(rows, dim)
-        gone = self._db.execute("SELECT id FROM removed WHERE at > ?", (version,)).fetchall()
+        gone = self._reader().execute("SELECT id FROM removed WHERE at > ?", (version,)).fetchall()
         return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
 
     def vectors_by_id(self, ids: Sequence[int], dim: int) -> npt.NDArray[np.float32]:
@@ -342,7 +336,7 @@ class IndexStore:
         where = {int(i): n for n, i in enumerate(ids)}
         marks = ",".join("?" * len(where))
         sql = f"SELECT id, vector FROM items WHERE id IN ({marks})"  # noqa: S608 - only "?" marks
-        for row_id, blob in self._db.execute(sql, list(where)).fetchall():
+        for row_id, blob in self._reader().execute(sql, list(where)).fetchall():
             out[where[row_id]] = np.frombuffer(blob, dtype="<f4")
         return out
 
@@ -359,51 +353,51 @@ class IndexStore:
         return {r[0]: stored_item(r) for r in rows}
 
     def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
-        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality).
-
-        Keys and values are bound parameters (no JSON path is built from a key), and a row
-        whose metadata is not valid JSON matches nothing instead of failing the query.
-        """
-        clauses, params = [], []
-        for key, value in validate_filters(filters).items():
-            clauses.append(_FILTER_CLAUSE)
-            text = encode(value)
-            params += [key, text, text, text]
-        where = " AND ".join(clauses)
-        sql = f"SELECT id FROM items WHERE CASE WHEN json_valid(metadata) THEN {where} ELSE 0 END"  # noqa: S608 - only "?" marks
-        return {r[0] for r in self._db.execute(sql, params).fetchall()}
+        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality:
+        :func:`comparable`), one index range per key; a row whose metadata could not be read
+        back has no fields and matches nothing."""
+        terms = [(key, *comparable(value)) for key, value in validate_filters(filters).items()]
+        if not terms:
+            return {r[0] for r in self._reader().execute("SELECT id FROM items").fetchall()}
+        sql = " INTERSECT ".join([FILTER_TERM] * len(terms))
+        return {r[0] for r in self._reader().execute(sql, [p for t in terms for p in t]).fetchall()}
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` some item's metadata has at its top level."""
         wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return set()
-        marks = ",".join("?" * len(wanted))
-        sql = (
-            "SELECT DISTINCT e.key FROM items, json_each(items.metadata) AS e "  # noqa: S608
-            "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) "
-            f"AND e.key IN ({marks})"
-        )
-        return {r[0] for r in self._db.execute(sql, wanted).fetchall()}
+        found = set()
+        for key in wanted:  # one index probe each
+            row = self._reader().execute("SELECT 1 FROM fields WHERE key = ? LIMIT 1", (key,))
+            if row.fetchone():
+                found.add(key)
+        return found
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
         """The top-level metadata keys the index holds, most common first, with how many items
-        have each and their most common scalar values (for filter pickers)."""
-        keys = self._db.execute(
-            "SELECT e.key, COUNT(*) AS n FROM items, json_each(items.metadata) AS e "
-            "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) "
-            "GROUP BY e.key ORDER BY n DESC, e.key LIMIT ?",
-            (max_keys,),
-        ).fetchall()
+        have each and their most common scalar values (for filter pickers; ``max_values`` 0:
+        the keys only)."""
+        keys = (
+            self._reader()
+            .execute(
+                "SELECT key, COUNT(*) AS n FROM fields GROUP BY key ORDER BY n DESC, key LIMIT ?",
+                (max_keys,),
+            )
+            .fetchall()
+        )
         out = []
         for key, count in keys:
-            rows = self._db.execute(
-                "SELECT e.value, e.type, COUNT(*) AS n FROM items, json_each(items.metadata) AS e "
-                "WHERE items.metadata IS NOT NULL AND json_valid(items.metadata) AND e.key = ? "
-                "AND e.type NOT IN ('object', 'array') "
-                "GROUP BY e.type, e.value ORDER BY n DESC, e.value LIMIT ?",
-                (key, max_values + 1),
-            ).fetchall()
+            rows = []
+            if max_values > 0:
+                rows = (
+                    self._reader()
+                    .execute(
+                        "SELECT value, kind, COUNT(*) AS n FROM fields WHERE key = ? "
+                        "AND kind NOT IN ('object', 'array') "
+                        "GROUP BY kind, value ORDER BY n DESC, value LIMIT ?",
+                        (key, max_values + 1),
+                    )
+                    .fetchall()
+                )
             values = [{"value": _json_scalar(value, kind), "count": n} for value, kind, n in rows]
             out.append(
                 {
@@ -427,10 +421,14 @@ class IndexStore:
                 )
 
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
-        rows = self._db.execute(
-            "SELECT path, size, mtime_ns, error FROM failures WHERE path LIKE ? ESCAPE '\\'",
-            (like_under(prefix),),
-        ).fetchall()
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT path, size, mtime_ns, error FROM failures WHERE path LIKE ? ESCAPE '\\'",
+                (like_under(prefix),),
+            )
+            .fetchall()
+        )
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
     def delete_failures(self, paths: Iterable[str]) -> None:
@@ -440,7 +438,7 @@ class IndexStore:
                 db.executemany("DELETE FROM failures WHERE path = ?", [(p,) for p in paths])
 
     def integrity_ok(self) -> bool:
-        (result,) = self._db.execute("PRAGMA integrity_check").fetchone()
+        (result,) = self._reader().execute("PRAGMA integrity_check").fetchone()
         return bool(result == "ok")
 
 
@@ -455,9 +453,5 @@ def _unpack(
 
 
 def _json_scalar(value: Any, kind: str) -> Any:
-    """``json_each``'s SQL value as the JSON scalar it came from (true/false are 1/0 there)."""
-    if kind == "true":
-        return True
-    if kind == "false":
-        return False
-    return value
+    """A field's SQL value as the JSON scalar it came from (booleans are 1/0 there)."""
+    return bool(value) if kind == "bool" else value

@@ -1,26 +1,25 @@
-"""Which store an index location names, and what every store offers.
+"""What every store offers, and which store an index location names.
 
 A location is a file path (SQLite, the embedded default) or a ``postgresql://`` URL
 (PostgreSQL with pgvector, for several servers on one index or collections that outgrow a
 file). Both stores keep the same items, metadata, thumbnails, vectors, model identity and
-change tracking, and pass the same behavioural tests (``tests/unit/test_store_contract.py``).
+change tracking, and pass the same behavioural tests (``tests/integration/test_store_contract.py``).
+A store only stores: how it is searched is a searcher's business (:mod:`..searchers`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.index.store import IndexStore, ItemRow, StoredItem
+from themis_clip.index.stores.rows import ItemRow, StoredItem
 
-if TYPE_CHECKING:
-    from themis_clip.index.tuning import GraphSettings
-
-__all__ = ["GraphFileStore", "SearchingStore", "Store", "is_url", "open_store"]
+__all__ = ["GraphFileStore", "Store", "StoreKind", "is_url"]
 
 _SCHEMES = ("postgresql://", "postgres://")
 
@@ -30,11 +29,18 @@ def is_url(location: str | Path) -> bool:
     return isinstance(location, str) and location.startswith(_SCHEMES)
 
 
-class Store(Protocol):
-    """What :class:`~themis_clip.index.search.VectorIndex` and the indexer need of a store."""
+class StoreKind(StrEnum):
+    """The stores there are (``stats()["store"]``)."""
 
-    kind: str
-    searches_itself: bool
+    SQLITE = "sqlite"
+    POSTGRESQL = "postgresql"
+
+
+class Store(Protocol):
+    """What :class:`~themis_clip.index.search.VectorIndex`, its searchers and the indexer
+    need of a store."""
+
+    kind: StoreKind
     readonly: bool
 
     @property
@@ -73,6 +79,7 @@ class Store(Protocol):
     def record_failures(self, rows: Sequence[tuple[str, int, int, str]]) -> None: ...
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]: ...
     def delete_failures(self, paths: Iterable[str]) -> None: ...
+    def integrity_ok(self) -> bool: ...
 
 
 class GraphFileStore(Store, Protocol):
@@ -80,27 +87,3 @@ class GraphFileStore(Store, Protocol):
     with the write version the graph matches."""
 
     def tag_graph(self, version: int) -> int: ...
-
-
-class SearchingStore(Store, Protocol):
-    """A store that searches itself (``searches_itself``: PostgreSQL with pgvector)."""
-
-    def nearest(
-        self, query: npt.NDArray[np.float32], k: int, filters: Mapping[str, Any] | None
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]: ...
-    def search_mode(self) -> str: ...
-    def prepare(
-        self,
-        settings: GraphSettings,
-        *,
-        progress: Callable[[str, int, int], object] | None = None,
-    ) -> bool: ...
-
-
-def open_store(location: str | Path, *, readonly: bool = False) -> Store:
-    """The store at ``location``: a PostgreSQL URL or an SQLite file path."""
-    if is_url(location):
-        from themis_clip.index.pgstore import PgStore
-
-        return PgStore(str(location), readonly=readonly)
-    return IndexStore(location, readonly=readonly)

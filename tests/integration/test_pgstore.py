@@ -9,9 +9,11 @@ import pytest
 from tests.fakes import clustered
 from tests.pg import PgServer
 from themis_clip import SearchIndexError
-from themis_clip.index.pgstore import PgStore, redact
 from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.store import ItemRow
+from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores.postgres import PgStore, redact
+
+pytestmark = pytest.mark.postgres
 
 
 def test_unreachable_and_unauthorised_servers_are_clear_errors(pg_server: PgServer) -> None:
@@ -132,3 +134,59 @@ def test_the_hnsw_index_holds_halfvec_where_pgvector_has_it_and_scores_stay_exac
                 (str(queries[0].tolist()),),
             ).fetchall()
             assert "themis_items_hnsw" in " ".join(r[0] for r in plan)
+
+
+def test_readers_do_not_queue_behind_one_connection(pg_url: str) -> None:
+    """Issue 28, 2.3: one connection behind one lock made every search wait for the one
+    before it. A thread holding a connection must not stop another thread's query."""
+    import threading
+
+    with PgStore(pg_url) as store:
+        entered, release, done = threading.Event(), threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with store.connection() as db:
+                db.execute("SELECT 1")
+                entered.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        try:
+            assert entered.wait(10)
+            counted: list[int] = []
+
+            def count() -> None:
+                counted.append(store.count())
+                done.set()
+
+            threading.Thread(target=count, daemon=True).start()
+            assert done.wait(10), "a query waited for another thread's connection"
+            assert counted == [0]
+        finally:
+            release.set()
+            holder.join(10)
+
+
+def test_integrity_ok_notices_tables_that_disagree(pg_url: str) -> None:
+    """It was ``count(*) >= 0``, never false. Each check, broken on purpose, makes it false."""
+    with VectorIndex(pg_url) as index:
+        index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=4))
+        index.store.upsert(
+            [ItemRow(key=str(i), vector=np.eye(4, dtype=np.float32)[i]) for i in range(4)], dim=4
+        )
+        store = index.store
+        assert isinstance(store, PgStore) and store.integrity_ok()
+        breaks = [
+            "INSERT INTO themis_removed(id, at) SELECT min(id), 1 FROM themis_items",
+            "UPDATE themis_items SET written = written + 1000 WHERE key = '1'",
+            "UPDATE themis_items SET doc = '{}'::jsonb WHERE key = '2'",
+            "DELETE FROM themis_meta WHERE key = 'write_version'",
+        ]
+        for sql in breaks:
+            with store.connection() as db, db.transaction():
+                db.execute("SAVEPOINT broken")
+                db.execute(sql)
+                assert not store.integrity_ok(), sql  # the same connection sees its change
+                db.execute("ROLLBACK TO SAVEPOINT broken")
+        assert store.integrity_ok()

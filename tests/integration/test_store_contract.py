@@ -1,5 +1,5 @@
 """One behavioural suite, run on both stores: SQLite (a file) and PostgreSQL + pgvector (a real
-server started by the tests, ``tests/pg.py``)."""
+server started by the tests, ``tests/pg.py``; those cases carry the ``postgres`` marker)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,17 @@ from tests.pg import BUILDS, PgServers
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.store import ItemRow
-from themis_clip.index.stores import open_store
+from themis_clip.index.stores import ItemRow, open_store
 
 DIM = 16
 
 
-@pytest.fixture(params=["sqlite", *(f"postgresql, {build}" for build in BUILDS)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
+    ]
+)
 def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "i.db")
@@ -219,6 +223,25 @@ def test_filters_use_json_equality(location: str) -> None:
         assert keys([1, 2]) == {"v5"} and keys([1]) == {"v6"}  # equality, not containment
         assert keys({"a": 1}) == {"v7"} and keys("a\x00b") == {"v8"}
         assert keys(0) == {"v9"} and keys(False) == {"v10"}
+
+
+def test_nested_filters_treat_1_and_1_0_as_one_number(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        values = [[1, 2], [1.0, 2.0], {"a": 1, "b": [True]}, {"b": [True], "a": 1.0}, [True, 2]]
+        index.store.upsert(
+            [ItemRow(key=f"v{i}", vector=unit(i), metadata={"x": v}) for i, v in enumerate(values)],
+            dim=DIM,
+        )
+
+        def keys(value: object) -> set[str]:
+            ids = index.store.ids_matching({"x": value})
+            return {item.key for item in index.store.items_by_id(list(ids)).values()}
+
+        assert keys([1, 2]) == {"v0", "v1"} and keys([1.0, 2]) == {"v0", "v1"}  # as at the top
+        assert keys({"a": 1.0, "b": [True]}) == {"v2", "v3"}  # key order is no difference
+        assert keys([1, 2.5]) == set() and keys([True, 2]) == {"v4"}  # true is still not 1
+        assert keys([2, 1]) == set()  # order within an array is
 
 
 def test_facets_count_keys_and_values(location: str) -> None:

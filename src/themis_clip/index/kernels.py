@@ -1,0 +1,53 @@
+"""Exact-search kernels in numpy: top-k, re-scoring of candidates, and timing an exact query.
+
+A leaf module (numpy only): the searchers and the tuner use these, and import nothing back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["K", "measure_exact_ms", "rescore", "top_k"]
+
+#: The k that recall and latency are measured at (recall@10).
+K = 10
+
+
+def top_k(
+    matrix: npt.NDArray[np.float32], query: npt.NDArray[np.float32], k: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Exact top ``k`` rows of ``matrix @ query``: ``(row indices, scores)``, best first."""
+    scores = matrix @ query
+    k = min(k, len(scores))
+    if k <= 0:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    part = np.argpartition(-scores, k - 1)[:k]
+    order = part[np.argsort(-scores[part], kind="stable")]
+    return order.astype(np.int64), scores[order].astype(np.float32)
+
+
+def rescore(
+    ids: npt.NDArray[np.int64],
+    vectors: npt.NDArray[np.float32],
+    query: npt.NDArray[np.float32],
+    k: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The top ``k`` of candidate ``ids`` by exact score against their float32 ``vectors``."""
+    scores = vectors @ query
+    order = np.argsort(-scores, kind="stable")[:k]
+    return ids[order], scores[order].astype(np.float32)
+
+
+def measure_exact_ms(
+    matrix: npt.NDArray[np.float32], queries: npt.NDArray[np.float32], *, repeats: int = 15
+) -> tuple[float, float]:
+    """p50 and p99 milliseconds of one exact top-10 query over ``matrix``."""
+    times = []
+    for q in queries[: max(1, repeats)]:
+        t0 = time.perf_counter()
+        top_k(matrix, q, K)
+        times.append((time.perf_counter() - t0) * 1000)
+    return float(np.percentile(times, 50)), float(np.percentile(times, 99))

@@ -1,0 +1,190 @@
+"""The PostgreSQL store's SQL that needs no driver: the schema and its migrations, the ``jsonb``
+twin of stored metadata, filter terms, and URLs without passwords (:mod:`.postgres` runs it).
+
+Schema (tables ``themis_*`` in the connection's schema; several collections in one database:
+``?options=-csearch_path%3Dname``), versioned in ``themis_meta.schema_version`` and migrated
+under an advisory lock, each migration in one transaction::
+
+    themis_meta(key PRIMARY KEY, value)        model_id, model_sha256, dim, write_version, ...
+    themis_items(id bigserial, key UNIQUE, path, size, mtime_ns, sha256, metadata text,
+                 doc jsonb, thumbnail bytea, written bigint, embedding vector(dim))
+    themis_failures(path PRIMARY KEY, size, mtime_ns, error)
+    themis_removed(id PRIMARY KEY, at)
+
+``metadata`` keeps the JSON text as given back; ``doc`` is the same JSON as ``jsonb`` for
+filters and facets (jsonb cannot hold U+0000, which ``doc`` holds as U+FFFD, in filters too).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from themis_clip.errors import SearchIndexError
+from themis_clip.index.metadata import encode, validate_filters
+
+__all__ = [
+    "FACET_KEYS_SQL",
+    "FACET_VALUES_SQL",
+    "INTEGRITY_SQL",
+    "KEYS_PRESENT_SQL",
+    "MIGRATIONS",
+    "MIGRATION_LOCK",
+    "PG_SCHEMA_VERSION",
+    "TABLES",
+    "ensure_extension",
+    "filter_sql",
+    "first_line",
+    "has_halfvec",
+    "jsonb_text",
+    "redact",
+    "schema_version",
+]
+
+PG_SCHEMA_VERSION = 1
+#: True when the tables agree with each other (:meth:`PgStore.integrity_ok`). Ids come from a
+#: sequence and are never reused, so a removed id that is still an item is a torn write.
+INTEGRITY_SQL = """SELECT
+    (SELECT count(*) FROM themis_meta WHERE key = 'write_version' AND value ~ '^[0-9]+$') = 1
+    AND NOT EXISTS (SELECT 1 FROM themis_items WHERE written > (SELECT value::bigint
+        FROM themis_meta WHERE key = 'write_version' AND value ~ '^[0-9]+$'))
+    AND NOT EXISTS (SELECT 1 FROM themis_items i JOIN themis_removed r ON r.id = i.id)
+    AND NOT EXISTS (SELECT 1 FROM themis_items WHERE (doc IS NULL) <> (metadata IS NULL))
+    AND NOT EXISTS (SELECT 1 FROM themis_items WHERE vector_dims(embedding) <> COALESCE(
+        (SELECT value::int FROM themis_meta WHERE key = 'dim' AND value ~ '^[0-9]+$'),
+        vector_dims(embedding)))"""
+#: Which of the keys (a text[]) some item's ``doc`` has.
+KEYS_PRESENT_SQL = (
+    "SELECT DISTINCT k FROM (SELECT doc FROM themis_items WHERE doc ?| %(keys)s::text[]) AS d, "
+    "unnest(%(keys)s::text[]) AS k WHERE d.doc ? k"
+)
+#: The most common top-level keys and how many items have each.
+FACET_KEYS_SQL = (
+    "SELECT e.key, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
+    "WHERE jsonb_typeof(doc) = 'object' GROUP BY e.key ORDER BY n DESC, e.key LIMIT %s"
+)
+#: One key's most common scalar values, over the items that have the key.
+FACET_VALUES_SQL = (
+    "SELECT doc -> %s AS v, count(*) AS n FROM themis_items WHERE doc ? %s "
+    "AND jsonb_typeof(doc -> %s) NOT IN ('object', 'array') GROUP BY v ORDER BY n DESC, v "
+    "LIMIT %s"
+)
+#: The index's tables (dropped by ``--rebuild``, counted by ``size_bytes``).
+TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed")
+MIGRATION_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
+
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        "CREATE TABLE IF NOT EXISTS themis_meta (key text PRIMARY KEY, value text NOT NULL)",
+        """CREATE TABLE themis_items (
+            id bigserial PRIMARY KEY,
+            key text NOT NULL UNIQUE,
+            path text,
+            size bigint,
+            mtime_ns bigint,
+            sha256 text,
+            metadata text,
+            doc jsonb,
+            thumbnail bytea,
+            written bigint NOT NULL DEFAULT 0,
+            embedding vector NOT NULL
+        )""",
+        "CREATE INDEX themis_items_sha256 ON themis_items (sha256)",
+        "CREATE INDEX themis_items_path ON themis_items (path text_pattern_ops)",
+        "CREATE INDEX themis_items_written ON themis_items (written)",
+        "CREATE INDEX themis_items_doc ON themis_items USING gin (doc)",
+        """CREATE TABLE themis_failures (
+            path text PRIMARY KEY, size bigint, mtime_ns bigint, error text NOT NULL
+        )""",
+        "CREATE TABLE themis_removed (id bigint PRIMARY KEY, at bigint NOT NULL)",
+        "CREATE INDEX themis_removed_at ON themis_removed (at)",
+    ],
+}
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# A JSON \u0000 escape: preceded by an even number of backslashes (an odd one is a literal).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def jsonb_text(text: str | None) -> str | None:
+    """The ``jsonb`` twin of stored metadata text (U+0000, which jsonb refuses, as U+FFFD)."""
+    if text is None:
+        return None
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text)
+
+
+def filter_sql(filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """One term per key: ``doc`` contains the pair (the GIN index finds candidates) and the
+    value is equal as JSON (containment alone would let [1, 2] match [1])."""
+    clauses, params = [], []
+    for key, value in validate_filters(filters).items():
+        text = jsonb_text(encode(value))
+        clauses.append("(doc @> %s::jsonb AND doc -> %s = %s::jsonb)")
+        params += [json.dumps({key: json.loads(text or "null")}), key, text]
+    return " AND ".join(clauses), params
+
+
+def ensure_extension(conn: Any, *, where: str, readonly: bool) -> str:
+    """The pgvector version in ``conn``'s database, enabling the extension when it is
+    installed but not enabled (and this role may); else the error that says what to do."""
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    if row is not None:
+        return str(row[0])
+    available = conn.execute(
+        "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+    ).fetchone()
+    database = conn.info.dbname
+    if available is None:
+        raise SearchIndexError(
+            f"PostgreSQL at {where} has no pgvector extension installed "
+            "(https://github.com/pgvector/pgvector); install it on the server, then "
+            f"`CREATE EXTENSION vector;` in database {database!r}"
+        )
+    if readonly:
+        raise SearchIndexError(
+            f"database {database!r} at {where} has no pgvector extension enabled "
+            "(and this open is read-only); open it writable once, or "
+            "`CREATE EXTENSION vector;` as a superuser"
+        )
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except Exception as exc:  # the driver's error, told in the message
+        raise SearchIndexError(
+            f"database {database!r} at {where} has no pgvector extension enabled, and "
+            f"this role cannot enable it ({first_line(exc)}); run "
+            "`CREATE EXTENSION vector;` in it as a superuser"
+        ) from exc
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    return str(row[0])
+
+
+def schema_version(conn: Any) -> int:
+    """The index's schema version in ``conn``'s database (0: none yet)."""
+    exists = conn.execute("SELECT to_regclass('themis_meta')").fetchone()[0]
+    if exists is None:
+        return 0
+    row = conn.execute("SELECT value FROM themis_meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def has_halfvec(extension_version: str) -> bool:
+    """Whether this pgvector version has ``halfvec`` (0.7 and later)."""
+    parts = [int(p) for p in re.findall(r"\d+", extension_version)[:2]] + [0, 0]
+    return (parts[0], parts[1]) >= (0, 7)

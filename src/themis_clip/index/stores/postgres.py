@@ -1,0 +1,499 @@
+"""The only module that imports ``psycopg`` and ``pgvector``: an index in PostgreSQL.
+
+For deployments with several ``serve`` replicas on one index, or collections that outgrow one
+file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
+metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
+and behaves the same (``tests/integration/test_store_contract.py``: one suite, both). The
+database also searches itself (pgvector's HNSW index): that is :mod:`..searchers.postgres`, on this
+store's connection. The schema, its migrations and the filter SQL are in :mod:`.pgschema`.
+
+Why psycopg 3: the maintained PostgreSQL driver for Python (binary protocol, server-side
+parameters, thread-safe connections, clear exception classes); ``pgvector`` (the extension
+author's adapter) moves vectors as NumPy arrays in binary form.
+
+Every write is one transaction that first bumps ``write_version`` (its row lock orders writers);
+a killed client's open transaction is rolled back by the server, so nothing is half-written.
+A store holds up to :data:`POOL_SIZE` connections, one per thread at a time, so concurrent
+searches of one server run side by side instead of queueing behind one connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.errors import SearchIndexError
+from themis_clip.index.stores.base import StoreKind
+from themis_clip.index.stores.pgschema import (
+    FACET_KEYS_SQL,
+    FACET_VALUES_SQL,
+    INTEGRITY_SQL,
+    KEYS_PRESENT_SQL,
+    MIGRATION_LOCK,
+    MIGRATIONS,
+    PG_SCHEMA_VERSION,
+    TABLES,
+    ensure_extension,
+    filter_sql,
+    first_line,
+    has_halfvec,
+    jsonb_text,
+    redact,
+    schema_version,
+)
+from themis_clip.index.stores.pool import Pool
+from themis_clip.index.stores.rows import (
+    COLUMNS,
+    ItemRow,
+    StoredItem,
+    checked,
+    like_under,
+    stored_item,
+)
+
+__all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
+
+log = logging.getLogger(__name__)
+
+#: Connections one store opens at most (one per concurrent search or write).
+POOL_SIZE = 8
+
+
+class PgStore:
+    """An index in a PostgreSQL database with the pgvector extension.
+
+    Args:
+        url: a libpq connection URL (``postgresql://...``).
+        readonly: every transaction read-only; an unmigrated database is an error.
+    """
+
+    kind = StoreKind.POSTGRESQL
+
+    def __init__(self, url: str, *, readonly: bool = False, connect_timeout_s: int = 10) -> None:
+        self.url = url
+        self.path = redact(url)
+        self.readonly = readonly
+        self._timeout = connect_timeout_s
+        self._conn = self._connect()  # the first connection: extension and migrations
+        try:
+            self.extension_version = ensure_extension(
+                self._conn, where=self.path, readonly=self.readonly
+            )
+            self._migrate()
+            self._register(self._conn)
+        except BaseException:
+            self._conn.close()
+            raise
+        self._pool = Pool(self._reconnect, size=POOL_SIZE, first=self._conn)
+        self._local = threading.local()  # this thread's connection while it holds one
+
+    @property
+    def _writing(self) -> int:
+        """The write_version this thread's open transaction commits as."""
+        return int(self._local.writing)
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self._timeout)
+        except psycopg.Error as exc:
+            raise SearchIndexError(
+                f"cannot connect to PostgreSQL at {self.path}: {first_line(exc)}"
+            ) from exc
+        if self.readonly:
+            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        return conn
+
+    @contextmanager
+    def _db(self) -> Iterator[Any]:
+        """A connection of this thread's own until the block ends (the same one when nested),
+        reconnected when the server dropped it; psycopg errors translated."""
+        import psycopg
+
+        held = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        conn = self._pool.acquire()
+        self._local.conn = conn
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            raise SearchIndexError(f"PostgreSQL ({self.path}): {first_line(exc)}") from exc
+        finally:
+            self._local.conn = None
+            self._pool.release(conn)
+
+    def _reconnect(self, conn: Any | None) -> Any:
+        """``conn`` if it is still usable, else a new connection (the server dropped it)."""
+        if conn is not None and not (conn.closed or conn.broken):
+            return conn
+        conn = self._connect()
+        self._register(conn)
+        return conn
+
+    @contextmanager
+    def connection(self) -> Iterator[Any]:
+        """The connection for a searcher's own SQL (:mod:`..searchers.postgres`), as
+        :meth:`_db` gives it: this thread's own while the block lasts, errors translated."""
+        with self._db() as db:
+            yield db
+
+    def as_halfvec(self, vector: npt.NDArray[np.float32]) -> Any:
+        """``vector`` as a query parameter of type ``halfvec`` (pgvector's adapter)."""
+        from pgvector import HalfVector
+
+        return HalfVector(vector)
+
+    def _register(self, conn: Any) -> None:
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> PgStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema --------------------------------------------------------------------------------
+
+    @property
+    def halfvec(self) -> bool:
+        """Whether the extension has ``halfvec`` (pgvector >= 0.7): the HNSW index holds f16."""
+        return has_halfvec(self.extension_version)
+
+    def _migrate(self) -> None:
+        import psycopg
+
+        try:
+            version = schema_version(self._conn)
+            if version > PG_SCHEMA_VERSION:
+                raise SearchIndexError(
+                    f"the index at {self.path} has schema version {version}, newer than this "
+                    f"themis-clip supports ({PG_SCHEMA_VERSION}); upgrade themis-onnx-clip"
+                )
+            if version == PG_SCHEMA_VERSION:
+                return
+            if self.readonly:
+                raise SearchIndexError(
+                    f"the index at {self.path} needs a migration; open it writable once"
+                )
+            with self._conn.transaction():
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                version = schema_version(self._conn)  # another process may have just migrated
+                for target in range(version + 1, PG_SCHEMA_VERSION + 1):
+                    for step in MIGRATIONS[target]:
+                        self._conn.execute(step)
+                    self._conn.execute(
+                        "INSERT INTO themis_meta(key, value) VALUES('schema_version', %s) "
+                        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        (str(target),),
+                    )
+                self._conn.execute(
+                    "INSERT INTO themis_meta(key, value) VALUES('write_version', '0') "
+                    "ON CONFLICT(key) DO NOTHING"
+                )
+        except psycopg.Error as exc:
+            raise SearchIndexError(
+                f"cannot open the index at {self.path}: {first_line(exc)}"
+            ) from exc
+
+    @staticmethod
+    def drop(url: str) -> None:
+        """Delete the index's tables (``--rebuild``); other tables are left alone."""
+        store = PgStore(url)
+        try:
+            with store._db() as db, db.transaction():
+                db.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
+        finally:
+            store.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One atomic write, numbered: ``write_version`` is bumped first (ordering writers)."""
+        if self.readonly:
+            raise SearchIndexError(f"the index at {self.path} is open read-only")
+        with self._db() as db, db.transaction():
+            (version,) = db.execute(
+                "UPDATE themis_meta SET value = (value::bigint + 1)::text "
+                "WHERE key = 'write_version' RETURNING value::bigint"
+            ).fetchone()
+            self._local.writing = int(version)
+            yield db
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        with self._db() as db:
+            return dict(db.execute("SELECT key, value FROM themis_meta").fetchall())
+
+    def set_meta(self, values: Mapping[str, str | int]) -> None:
+        with self.transaction() as db:
+            for k, v in values.items():
+                db.execute(
+                    "INSERT INTO themis_meta(key, value) VALUES(%s, %s) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (k, str(v)),
+                )
+            if "dim" in values:
+                self._set_dimension(db, int(values["dim"]))
+
+    @property
+    def write_version(self) -> int:
+        with self._db() as db:
+            row = db.execute("SELECT value FROM themis_meta WHERE key = 'write_version'").fetchone()
+        return int(row[0]) if row else 0
+
+    def _set_dimension(self, db: Any, dim: int) -> None:
+        """Give the vector column its dimension (pgvector's index needs one), once."""
+        (typmod,) = db.execute(
+            "SELECT atttypmod FROM pg_attribute WHERE attrelid = 'themis_items'::regclass "
+            "AND attname = 'embedding'"
+        ).fetchone()
+        if typmod == dim:
+            return
+        if typmod > 0:
+            raise SearchIndexError(
+                f"the index at {self.path} holds {typmod}-d vectors, not {dim}-d"
+            )
+        db.execute(f"ALTER TABLE themis_items ALTER COLUMN embedding TYPE vector({int(dim)})")
+
+    # -- items ---------------------------------------------------------------------------------
+
+    def upsert(self, rows: Sequence[ItemRow], *, dim: int) -> None:
+        """Insert or replace ``rows`` (matched by key) in one transaction."""
+        if not rows:
+            return
+        values = []
+        for r in rows:
+            vec, meta = checked(r, dim)
+            values.append(
+                (
+                    r.key,
+                    r.path,
+                    r.size,
+                    r.mtime_ns,
+                    r.sha256,
+                    meta,
+                    jsonb_text(meta),
+                    r.thumbnail,
+                    vec,
+                )
+            )
+        with self.transaction() as db:
+            self._set_dimension(db, dim)
+            written = self._writing
+            with db.cursor() as cur:
+                cur.executemany(
+                    """INSERT INTO themis_items(key, path, size, mtime_ns, sha256, metadata, doc,
+                                                thumbnail, embedding, written)
+                       VALUES(%s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s)
+                       ON CONFLICT(key) DO UPDATE SET path = excluded.path,
+                         size = excluded.size, mtime_ns = excluded.mtime_ns,
+                         sha256 = excluded.sha256, metadata = excluded.metadata,
+                         doc = excluded.doc, thumbnail = excluded.thumbnail,
+                         embedding = excluded.embedding, written = excluded.written""",
+                    [(*v, written) for v in values],
+                )
+                paths = [r.path for r in rows if r.path]
+                if paths:
+                    cur.execute("DELETE FROM themis_failures WHERE path = ANY(%s)", (paths,))
+
+    def delete_keys(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        if not keys:
+            return 0
+        with self.transaction() as db:
+            gone = db.execute(
+                "DELETE FROM themis_items WHERE key = ANY(%s) RETURNING id", (keys,)
+            ).fetchall()
+            with db.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO themis_removed(id, at) VALUES(%s, %s) "
+                    "ON CONFLICT(id) DO UPDATE SET at = excluded.at",
+                    [(i, self._writing) for (i,) in gone],
+                )
+            return len(gone)
+
+    def rename(self, old_key: str, new_key: str, *, path: str, size: int, mtime_ns: int) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE themis_items SET key = %s, path = %s, size = %s, mtime_ns = %s "
+                "WHERE key = %s",
+                (new_key, path, size, mtime_ns, old_key),
+            )
+
+    def _select(self, where: str, params: Sequence[Any]) -> list[Any]:
+        with self._db() as db:
+            # Constant SQL built here; every value is a bound parameter.
+            sql = f"SELECT {COLUMNS} FROM themis_items WHERE {where}"  # noqa: S608
+            return list(db.execute(sql, params).fetchall())
+
+    def get(self, key: str) -> StoredItem | None:
+        rows = self._select("key = %s", (key,))
+        return stored_item(rows[0]) if rows else None
+
+    def items_under(self, prefix: str) -> dict[str, StoredItem]:
+        """Items whose path lies under the folder ``prefix`` (keyed by path)."""
+        rows = self._select("path LIKE %s", (like_under(prefix),))
+        return {r[2]: stored_item(r) for r in rows}
+
+    def by_sha256(self, digest: str) -> list[StoredItem]:
+        return [stored_item(r) for r in self._select("sha256 = %s", (digest,))]
+
+    def vector(self, key: str) -> npt.NDArray[np.float32] | None:
+        with self._db() as db:
+            row = db.execute("SELECT embedding FROM themis_items WHERE key = %s", (key,)).fetchone()
+        return _np(row[0]) if row else None
+
+    def thumbnail(self, key: str) -> bytes | None:
+        with self._db() as db:
+            row = db.execute("SELECT thumbnail FROM themis_items WHERE key = %s", (key,)).fetchone()
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    def count(self) -> int:
+        with self._db() as db:
+            (n,) = db.execute("SELECT count(*) FROM themis_items").fetchone()
+        return int(n)
+
+    def _vectors(self, sql: str, params: Sequence[Any], dim: int) -> tuple[Any, Any]:
+        with self._db() as db, db.cursor(binary=True) as cur:
+            cur.execute(sql, params)
+            rows = cur.fetchall()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        matrix = np.empty((len(rows), dim), dtype=np.float32)
+        for i, (_, vec) in enumerate(rows):
+            matrix[i] = _np(vec)
+        return ids, matrix
+
+    def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """All ``(ids, vectors [n, dim])``, in id order."""
+        ids, matrix = self._vectors("SELECT id, embedding FROM themis_items ORDER BY id", (), dim)
+        return ids, matrix
+
+    def changes_since(
+        self, version: int, dim: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """What changed after ``version``: ``(written ids, their vectors, removed ids)``."""
+        ids, matrix = self._vectors(
+            "SELECT id, embedding FROM themis_items WHERE written > %s ORDER BY id",
+            (version,),
+            dim,
+        )
+        with self._db() as db:
+            gone = db.execute("SELECT id FROM themis_removed WHERE at > %s", (version,)).fetchall()
+        return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
+
+    def vectors_by_id(self, ids: Sequence[int], dim: int) -> npt.NDArray[np.float32]:
+        """The float32 vectors of ``ids``, in that order (a missing id gives a zero row)."""
+        out = np.zeros((len(ids), dim), dtype=np.float32)
+        if not len(ids):
+            return out
+        where = {int(i): n for n, i in enumerate(ids)}
+        found, matrix = self._vectors(
+            "SELECT id, embedding FROM themis_items WHERE id = ANY(%s)", (list(where),), dim
+        )
+        for i, row in zip(found, matrix, strict=True):
+            out[where[int(i)]] = row
+        return out
+
+    def size_bytes(self) -> int:
+        """The index's tables with their indexes and TOAST, as PostgreSQL counts them."""
+        with self._db() as db:
+            sql = "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c"
+            (n,) = db.execute(sql, (list(TABLES),)).fetchone()
+        return int(n or 0)
+
+    def items_by_id(self, ids: Sequence[int]) -> dict[int, StoredItem]:
+        if not ids:
+            return {}
+        rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
+        return {int(r[0]): stored_item(r) for r in rows}
+
+    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
+        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality)."""
+        where, params = filter_sql(filters)
+        with self._db() as db:
+            sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
+            return {int(r[0]) for r in db.execute(sql, params).fetchall()}
+
+    def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
+        """Which of ``keys`` some item's metadata has at its top level (the GIN index answers
+        each ``?``), in one round trip."""
+        with self._db() as db:
+            rows = db.execute(KEYS_PRESENT_SQL, {"keys": list(dict.fromkeys(keys))}).fetchall()
+        return {r[0] for r in rows}
+
+    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
+        """The top-level metadata keys, most common first, with their most common scalars
+        (``max_values`` 0: the keys only, one query)."""
+        with self._db() as db:
+            keys = db.execute(FACET_KEYS_SQL, (max_keys,)).fetchall()
+            out = []
+            for key, count in keys:
+                rows = []
+                if max_values > 0:  # the items with the key (GIN), not every item's pairs
+                    rows = db.execute(FACET_VALUES_SQL, (key, key, key, max_values + 1)).fetchall()
+                values = [{"value": value, "count": int(n)} for value, n in rows]
+                out.append(
+                    {
+                        "key": key,
+                        "count": int(count),
+                        "values": values[:max_values],
+                        "more_values": len(values) > max_values,
+                    }
+                )
+        return out
+
+    # -- failures ------------------------------------------------------------------------------
+
+    def record_failures(self, rows: Sequence[tuple[str, int, int, str]]) -> None:
+        if rows:
+            with self.transaction() as db, db.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO themis_failures(path, size, mtime_ns, error) "
+                    "VALUES(%s, %s, %s, %s) ON CONFLICT(path) DO UPDATE SET size = excluded.size, "
+                    "mtime_ns = excluded.mtime_ns, error = excluded.error",
+                    rows,
+                )
+
+    def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT path, size, mtime_ns, error FROM themis_failures WHERE path LIKE %s",
+                (like_under(prefix),),
+            ).fetchall()
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    def delete_failures(self, paths: Iterable[str]) -> None:
+        paths = list(paths)
+        if paths:
+            with self.transaction() as db:
+                db.execute("DELETE FROM themis_failures WHERE path = ANY(%s)", (paths,))
+
+    def integrity_ok(self) -> bool:
+        """Whether the tables agree with each other (what a torn write would break): one
+        ``write_version``, no row written after it, no removed id still present, a ``doc``
+        exactly where there is ``metadata``, and every vector of the index's dimension."""
+        with self._db() as db:
+            (ok,) = db.execute(INTEGRITY_SQL).fetchone()
+        return bool(ok)
+
+
+def _np(value: Any) -> npt.NDArray[np.float32]:
+    """A pgvector value (its adapter's ``Vector``) as a float32 array."""
+    array = value.to_numpy() if hasattr(value, "to_numpy") else value
+    return np.asarray(array, dtype=np.float32)

@@ -1,0 +1,100 @@
+"""The SQLite store's schema: its versions and migrations, and the ``fields`` table that
+filters read (:mod:`.sqlite` runs them; the schema is drawn in its docstring)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from themis_clip.index.metadata import comparable, decode_stored, repair
+
+__all__ = ["ADD_FIELDS", "FILTER_TERM", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 5
+# One filter term, constant SQL: key, kind and value are bound parameters.
+FILTER_TERM = "SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?"
+ADD_FIELDS = "INSERT OR REPLACE INTO fields(id, key, kind, value) SELECT id, ?, ?, ? FROM items"
+
+
+def fields_of(metadata: Mapping[str, Any] | None) -> list[tuple[str, str, Any]]:
+    """``(key, kind, value)`` of each top-level metadata value (:func:`comparable`)."""
+    return [(key, *comparable(value)) for key, value in (metadata or {}).items()]
+
+
+def _repair_metadata(db: sqlite3.Connection) -> None:
+    """v3: rows that an older version let in with metadata no reader can parse or serve."""
+    rows = db.execute(
+        "SELECT id, metadata FROM items WHERE metadata IS NOT NULL AND "
+        "(NOT json_valid(metadata) OR metadata GLOB '*[\\]u[dD][89abAB]*' "
+        "OR metadata GLOB '*[\\]u[dD][c-fC-F]*')"
+    ).fetchall()
+    fixed = [(repair(text), row_id) for row_id, text in rows]
+    db.executemany("UPDATE items SET metadata = ? WHERE id = ?", fixed)
+    if fixed:
+        log.warning("index: repaired the metadata of %d item(s) (older version)", len(fixed))
+
+
+def _track_changes(db: sqlite3.Connection) -> None:
+    """v4: change tracking, so search structures catch up with writes instead of being rebuilt.
+    A graph saved before it cannot tell what changed since, so its tag is dropped (rebuilt
+    once). Idempotent: an index whose version number was lowered by hand still opens."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(items)")}
+    if "written" not in columns:
+        db.execute("ALTER TABLE items ADD COLUMN written INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX IF NOT EXISTS items_written ON items(written)")
+    db.execute("CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)")
+    db.execute("CREATE INDEX IF NOT EXISTS removed_at ON removed(at)")
+    db.execute("DELETE FROM meta WHERE key = 'ann_version'")
+
+
+def _index_fields(db: sqlite3.Connection) -> None:
+    """v5: the fields table, filled from the metadata already stored."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS fields (id INTEGER NOT NULL, key TEXT NOT NULL, "
+        "kind TEXT NOT NULL, value, PRIMARY KEY (id, key)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS fields_value ON fields(key, kind, value)")
+    rows = db.execute("SELECT id, key, metadata FROM items WHERE metadata IS NOT NULL")
+    db.executemany(
+        "INSERT OR REPLACE INTO fields(id, key, kind, value) VALUES(?, ?, ?, ?)",
+        [
+            (row_id, *field)
+            for row_id, key, text in rows.fetchall()
+            for field in fields_of(decode_stored(text, key=key))
+        ],
+    )
+
+
+MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
+    1: [
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        """CREATE TABLE items (
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL UNIQUE,
+            path TEXT,
+            size INTEGER,
+            mtime_ns INTEGER,
+            sha256 TEXT,
+            metadata TEXT,
+            vector BLOB NOT NULL
+        )""",
+        "CREATE INDEX items_sha256 ON items(sha256)",
+        "CREATE INDEX items_path ON items(path)",
+        """CREATE TABLE failures (
+            path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, error TEXT NOT NULL
+        )""",
+    ],
+    # v2: small JPEG previews for items that have no file on disk (added over HTTP).
+    2: ["ALTER TABLE items ADD COLUMN thumbnail BLOB"],
+    # v3: metadata that is not strict JSON (NaN) or holds lone surrogates, rewritten once.
+    3: [_repair_metadata],
+    # v4: change tracking, so search structures catch up instead of rebuilding. A graph saved
+    # before it cannot tell what changed since, so it is dropped (rebuilt once).
+    4: [_track_changes],
+    # v5: filters and facets by index (a table of top-level values), not by scanning JSON.
+    5: [_index_fields],
+}
