@@ -8,6 +8,7 @@ import each other.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass
 
 __all__ = [
@@ -97,7 +98,11 @@ class DecodeMode(enum.StrEnum):
 class ModelIdentity:
     """What makes two models' vectors comparable: name, content digest, dimension.
 
-    The one identity type: the plugin reports it, an index records and enforces it.
+    The one identity type: the plugin reports it, an index records and enforces it. A precision
+    variant (int8, fp16...) is another embedding space: :meth:`of_variant` folds its name into
+    both the name and the digest, so that every check that compares ``sha256`` (the index's
+    ``bind_model``, ``/index/info``'s ``comparable``, the reload guard) refuses to mix an int8
+    variant's vectors with its fp32 twin's unless the operator allows the space change.
     """
 
     name: str
@@ -112,6 +117,22 @@ class ModelIdentity:
     def dim(self) -> int:
         """Short name of ``embedding_dim`` (the index's)."""
         return self.embedding_dim
+
+    @classmethod
+    def of_variant(
+        cls, *, name: str, sha256: str, embedding_dim: int, variant: str = "fp32"
+    ) -> ModelIdentity:
+        """The identity of precision ``variant`` of the model whose content digest is ``sha256``.
+
+        fp32 keeps the model's own name and digest (indexes built before variants counted keep
+        working); any other variant is ``name-variant`` with the SHA-256 of
+        ``"<sha256>:<variant>"``: its vectors are close to fp32's (cosine ≥ 0.99) but not the
+        same, and a search over a mix of both ranks by which model wrote an item.
+        """
+        if variant == "fp32":
+            return cls(name=name, sha256=sha256, embedding_dim=embedding_dim)
+        digest = hashlib.sha256(f"{sha256}:{variant}".encode()).hexdigest()
+        return cls(name=f"{name}-{variant}", sha256=digest, embedding_dim=embedding_dim)
 
     @classmethod
     def from_model_id(cls, model_id: str, *, sha256: str, dim: int) -> ModelIdentity:

@@ -8,11 +8,12 @@ from typing import Any
 from fastapi import APIRouter
 
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.middleware import PreparsedJSONRoute
+from themis_clip.server.payloads import decode_image_fields, raise_for
 from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=PreparsedJSONRoute)
 
 
 @router.post("/v1/classify")
@@ -41,7 +42,7 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
         if vector is None:
             raise APIError(404, "NotFound", f"no item {key!r}")
     else:
-        result = await state.embed_image(decode_image_field(body.image or ""))
+        result = await state.embed_image((await decode_image_fields([body.image or ""]))[0])
         raise_for(result, "image")
         vector = result.embedding
     scores = await asyncio.to_thread(
@@ -74,9 +75,9 @@ async def rank(body: RankRequest, state: StateDep) -> dict[str, Any]:
         raise APIError(422, "ValidationError", "a text ranks 'images'; an image ranks 'texts'")
     if body.text is not None:
         query: Any = body.text
-        candidates: list[Any] = [decode_image_field(x) for x in body.images or []]
+        candidates: list[Any] = await decode_image_fields(list(body.images or []))
     else:
-        query = decode_image_field(body.image or "")
+        query = (await decode_image_fields([body.image or ""]))[0]
         candidates = list(body.texts or [])
     ranked = await asyncio.to_thread(
         plugin.rank,

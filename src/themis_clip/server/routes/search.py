@@ -16,11 +16,12 @@ from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.store import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.middleware import PreparsedJSONRoute
+from themis_clip.server.payloads import decode_image_fields, raise_for
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=PreparsedJSONRoute)
 
 
 @router.post("/index/items")
@@ -37,7 +38,7 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
             )
         seen[item.id] = i
         validate_metadata(item.metadata, where=f"items[{i}].metadata")
-    data = [decode_image_field(item.image) for item in body.items]
+    data = await decode_image_fields([item.image for item in body.items])
     results = await state.embed_images(data)
     for item, r in zip(body.items, results, strict=True):
         raise_for(r, f"item {item.id!r}")
@@ -109,7 +110,7 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
             result = await (
                 state.embed_text(body.text, body.language)
                 if body.text is not None
-                else state.embed_image(decode_image_field(body.image or ""))
+                else state.embed_image((await decode_image_fields([body.image or ""]))[0])
             )
             raise_for(result, "query")
             current = state.stamp()
