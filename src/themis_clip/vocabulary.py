@@ -14,6 +14,7 @@ from dataclasses import dataclass
 __all__ = [
     "CLIP_MEAN",
     "CLIP_STD",
+    "DEFAULT_DECODE_TIMEOUT_S",
     "DEFAULT_MAX_IMAGE_PIXELS",
     "DEFAULT_MAX_PIXELS_IN_FLIGHT",
     "OPTIMIZATION_LEVELS",
@@ -34,6 +35,10 @@ DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
 #: decoded pixels all concurrent decodes of one plugin may hold: one maximal image at a time
 #: (≈ 0.8 GB as Pillow's 4-byte RGB), or sixteen 12-megapixel photos
 DEFAULT_MAX_PIXELS_IN_FLIGHT = 200_000_000
+
+#: one image decode stops after this long (its reads fail; see ``preprocess/deadline.py``): a
+#: 179-megapixel PNG decodes in about 2 s here
+DEFAULT_DECODE_TIMEOUT_S = 10.0
 
 #: ONNX Runtime graph optimisation levels, by their config names.
 OPTIMIZATION_LEVELS = ("disabled", "basic", "extended", "all")
