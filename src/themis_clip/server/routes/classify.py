@@ -9,11 +9,15 @@ from fastapi import APIRouter
 
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
-from themis_clip.server.payloads import decode_image_fields, raise_for
+from themis_clip.server.payloads import check_key, check_text, decode_image_fields, raise_for
 from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
+from themis_clip.zeroshot import check_labels
 
 router = APIRouter(route_class=PreparsedJSONRoute)
+
+#: labels embedded per step of a large /v1/classify (see ``classify``)
+LABEL_PIECE = 64
 
 
 @router.post("/v1/classify")
@@ -26,6 +30,13 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
     plugin = state.require_ready()
     if (body.image is None) == (body.item is None):
         raise APIError(422, "ValidationError", "give exactly one of 'image' or 'item'")
+    for where, text in [
+        ("template", body.template),
+        *((f"labels[{i}]", label) for i, label in enumerate(body.labels)),
+    ]:
+        check_text(text, where)
+    if body.item is not None:
+        check_key(body.item, "item")
     current = state.stamp()
     if body.item is not None:
         idx = state.require_index()
@@ -45,12 +56,25 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
         result = await state.embed_image((await decode_image_fields([body.image or ""]))[0])
         raise_for(result, "image")
         vector = result.embedding
+    max_labels = state.settings.max_labels
+    await asyncio.to_thread(check_labels, body.labels, body.template, max_labels)
+    # The labels' embeddings are computed (and cached by the plugin) a piece at a time, so that
+    # a request whose client has gone stops within one piece instead of embedding them all.
+    if len(body.labels) > LABEL_PIECE:
+        for start in range(0, len(body.labels), LABEL_PIECE):
+            await asyncio.to_thread(
+                plugin.classify_embedding,
+                vector,
+                body.labels[start : start + LABEL_PIECE],
+                template=body.template,
+                max_labels=max_labels,
+            )
     scores = await asyncio.to_thread(
         plugin.classify_embedding,
         vector,
         body.labels,
         template=body.template,
-        max_labels=state.settings.max_labels,
+        max_labels=max_labels,
     )
     ranked = sorted(scores, key=lambda s: -s.probability)
     identity = plugin.model_identity

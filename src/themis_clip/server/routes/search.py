@@ -17,7 +17,7 @@ from themis_clip.index.store import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
-from themis_clip.server.payloads import decode_image_fields, raise_for
+from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
 
@@ -29,6 +29,7 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
     idx = state.require_index()
     seen: dict[str, int] = {}
     for i, item in enumerate(body.items):
+        check_key(item.id, f"items[{i}].id", new=True)
         if item.id in seen:
             raise APIError(
                 422,
@@ -77,6 +78,9 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         raise APIError(
             422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
         )
+    check_filters(body.filters)
+    if body.item is not None:
+        check_key(body.item, "item")
     if body.item is not None:  # stored vectors against stored vectors: one space, always
         item_key = body.item
 
@@ -209,6 +213,7 @@ async def preview(key: str, state: StateDep, size: int = 768) -> Response:
 
 async def _picture(state: AppState, key: str, size: int) -> Response:
     idx = state.require_index()
+    check_key(key, "id")
     budget = state.plugin.pixel_budget
     max_pixels = state.settings.plugin_config.preprocess.max_image_pixels
 
@@ -240,6 +245,7 @@ async def _picture(state: AppState, key: str, size: int) -> Response:
 async def item_info(key: str, state: StateDep) -> dict[str, Any]:
     """One indexed item: id, path (as the index recorded it), size, metadata, pictures."""
     idx = state.require_index()
+    check_key(key, "id")
 
     def load() -> Any:
         with state.index_lock:
