@@ -146,6 +146,7 @@ class MicroBatcher(Generic[T, R]):
         # Admitted together, queued a few batches at a time: another caller's items join the
         # queue between one request's pieces (2,048 long texts delayed a one-word query 11 s).
         piece = 2 * self.max_batch_size
+        queued = 0
         try:
             # shield: a caller that stops waiting must not cancel a running batch's futures.
             async with asyncio.timeout(timeout_s):
@@ -153,24 +154,27 @@ class MicroBatcher(Generic[T, R]):
                     self._queue.extend(pending)
                     self._wakeup.set()
                     return [await asyncio.shield(pending[0].future)]
-                for start in range(0, len(pending), piece):
-                    part = pending[start : start + piece]
+                for queued in range(0, len(pending), piece):
+                    part = pending[queued : queued + piece]
                     self._queue.extend(part)
                     self._wakeup.set()
                     await asyncio.gather(*(asyncio.shield(p.future) for p in part))
                 return [p.future.result() for p in pending]
         except BaseException:
-            self._abandon(pending)
+            self._abandon(pending, unqueued=pending[queued + piece :] if len(pending) > 1 else [])
             raise
 
-    def _abandon(self, pending: list[_Pending[T, R]]) -> None:
-        """The caller stopped waiting: drop its items that no batch has taken yet."""
+    def _abandon(
+        self, pending: list[_Pending[T, R]], unqueued: list[_Pending[T, R]] | None = None
+    ) -> None:
+        """The caller stopped waiting: drop its items that no batch has taken yet (``unqueued``:
+        those of its pieces that never joined the queue)."""
         gone = {id(p) for p in pending if not p.future.done()}
         if not gone:
             return
         before = len(self._queue)
         self._queue = [p for p in self._queue if id(p) not in gone]
-        self.stats.skipped += before - len(self._queue)
+        self.stats.skipped += before - len(self._queue) + len(unqueued or ())
         for p in pending:
             if not p.future.done():
                 p.future.cancel()

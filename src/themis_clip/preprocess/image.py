@@ -224,7 +224,12 @@ def _checked_load(
     if reserve is not None:
         pixels = img.size[0] * img.size[1]
         frame = _MODE_BYTES.get(img.mode, 4)
-        turns = apply_exif and _turn_of(img, orientation) is not None
+        # Only EXIF already read with the header: Pillow's PNG getexif() decodes the whole
+        # image to look for an eXIf chunk after the pixels, which is what the budget gates.
+        if "exif" in img.info:
+            turns = apply_exif and _turn_of(img, orientation) is not None
+        else:
+            turns = apply_exif and (orientation or 1) in _TRANSPOSE
         extra = frame if turns else 0  # the righted copy lives beside the frame
         if img.mode in _HIGH_DEPTH_MODES:
             extra += 1  # the 8-bit copy (converted strip by strip)
