@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import multiprocessing
 import os
 import socket
 import statistics
@@ -25,6 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -48,6 +50,23 @@ def body_of(shape: str, mb: float) -> tuple[str, bytes]:
     return "/index/items", json.dumps({"items": items}).encode()
 
 
+def probe_loop(port: int, stop_file: Path, out: Any) -> None:
+    waits = []
+    while not stop_file.exists():
+        t0 = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while b'"ok"}' not in reply:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        waits.append(time.perf_counter() - t0)
+        time.sleep(0.002)
+    out.put(waits)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=float, default=18.6)
@@ -68,37 +87,36 @@ def main() -> None:
         headers = {"content-type": "application/json"}
         waits: list[float] = []
         statuses: list[int] = []
-        stop = threading.Event()
 
         port = int(server.base.rsplit(":", 1)[1])
 
         def probe() -> None:
-            # A fresh connection per probe: on a kept-alive one every answer waits ~40 ms for
-            # delayed ACKs (the response goes out in two writes), which would hide the stalls.
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-                    conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-                    reply = b""
-                    while b'"ok"}' not in reply:
-                        chunk = conn.recv(4096)
-                        if not chunk:
-                            break
-                        reply += chunk
-                waits.append(time.perf_counter() - t0)
-                time.sleep(0.002)
+            # In its own process (the uploads' threads would otherwise hold this process's GIL),
+            # on a fresh connection per probe: on a kept-alive one every answer waits ~40 ms
+            # for delayed ACKs (the response goes out in two writes), hiding the stalls.
+            ctx = multiprocessing.get_context("spawn")
+            out = ctx.Queue()
+            proc = ctx.Process(target=probe_loop, args=(port, stop_file, out))
+            proc.start()
+            started.set()
+            waits.extend(out.get())
+            proc.join()
 
         def upload(_: int) -> None:
             with httpx.Client(base_url=server.base, timeout=120) as c:
                 statuses.append(c.post(route, content=body, headers=headers).status_code)
 
+        stop_file = Path(tmp) / "stop"
         for _ in range(args.rounds):
-            stop.clear()
+            stop_file.unlink(missing_ok=True)
+            started = threading.Event()
             prober = threading.Thread(target=probe)
             prober.start()
+            started.wait()
+            time.sleep(0.5)  # the probe process is up and probing
             with ThreadPoolExecutor(args.bodies) as pool:
                 list(pool.map(upload, range(args.bodies)))
-            stop.set()
+            stop_file.touch()
             prober.join()
         ms = sorted(w * 1000 for w in waits)
         print(
