@@ -323,3 +323,23 @@ def test_classify_stops_embedding_labels_when_its_client_leaves(server: ServerPr
     embedded = _settled(base) - before
     print("labels embedded after the client left:", embedded)
     assert embedded < 1024 * 0.75, embedded  # all 1,024 before: the work outlived its client
+
+
+def test_a_store_error_never_answers_connection_details(model_root: Path) -> None:
+    from tests.pg import running_server
+
+    with running_server() as pg:
+        db = pg.new_database()
+        with start(model_root, pg.url(db)) as s:
+            photo = base64.b64encode(encode(Image.fromarray(photo_like(48, 40, 9)), "PNG")).decode()
+            r = httpx.post(f"{s.base}/index/items", json={"items": [{"id": "a", "image": photo}]})
+            assert r.status_code == 200, r.text
+            pg.server.cleanup()  # the database goes away under the running service
+            for route, body in (
+                ("/search", {"text": "x"}),
+                ("/index/items", {"items": [{"id": "b", "image": photo}]}),
+            ):
+                r = httpx.post(f"{s.base}{route}", json=body, timeout=60)
+                message = err(r, 503, "SearchIndexError")
+                assert pg.socket_dir not in r.text and "postgres" not in message.lower(), message
+            assert any(pg.socket_dir in line for line in s.log)  # the cause is logged
