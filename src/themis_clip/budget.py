@@ -1,20 +1,27 @@
 """A service-wide budget of decoded pixels in flight, so that concurrency cannot multiply a bomb.
 
-An image's header tells its size before anything is decoded; each decode reserves that many
-pixels (after JPEG DCT scaling, when the decode uses it) and holds them until the full-size
-image is gone. An image larger than the whole budget is refused at once; otherwise a decode
-waits, up to ``wait_s``, for other decodes to return their pixels.
+An image's header tells its size before anything is decoded; each decode reserves the memory
+its decoded frame and every full-size intermediate will hold (the frame in its own mode, an
+EXIF-righted copy, the 8-bit copy of a 16-bit image), counted in units of one 4-byte pixel
+(Pillow's RGB), after JPEG DCT scaling when the decode uses it, and holds it until the
+full-size image is gone. An image larger than the whole budget is refused at once; one within
+the pixel limit whose intermediates alone would overflow the budget takes all of it (it runs
+alone); otherwise a decode waits, up to ``wait_s``, for other decodes to return theirs.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from types import TracebackType
 
 from themis_clip.errors import ImageTooLargeError, ResourceBusyError
 
-__all__ = ["Lease", "PixelBudget"]
+__all__ = ["PIXEL_BYTES", "Lease", "PixelBudget"]
+
+#: bytes of one budget unit: a decoded RGB pixel as Pillow stores it
+PIXEL_BYTES = 4
 
 
 class PixelBudget:
@@ -91,6 +98,17 @@ class Lease:
     def take(self, pixels: int) -> None:
         self._budget.acquire(pixels)
         self._held += pixels
+
+    def take_bytes(self, nbytes: int, pixels: int) -> None:
+        """Reserve ``nbytes`` of decode memory for an image of ``pixels``.
+
+        Above the whole budget only when the image itself is (``ImageTooLargeError``); an
+        image within it whose intermediates would not fit takes the whole budget instead.
+        """
+        units = math.ceil(nbytes / PIXEL_BYTES)
+        if pixels <= self._budget.capacity:
+            units = min(units, self._budget.capacity)
+        self.take(units)
 
     def release(self) -> None:
         if self._held:

@@ -153,11 +153,11 @@ def load_model(
         for s in sessions:
             s.close()
         raise
-    # A precision variant is another model to its callers (its vectors differ slightly): its
-    # id says so. The digest stays the directory's, so an index built with the fp32 variant
-    # still accepts its int8 twin's vectors (cosine ≥ 0.99, bench/RESULTS.md).
-    name = spec.name if spec.variant == "fp32" else f"{spec.name}-{spec.variant}"
-    identity = ModelIdentity(name=name, sha256=digest, embedding_dim=dim)
+    # A precision variant is another embedding space (its vectors differ slightly): its id and
+    # digest say so, and an index built with the fp32 variant refuses its int8 twin's vectors.
+    identity = ModelIdentity.of_variant(
+        name=spec.name, sha256=digest, embedding_dim=dim, variant=spec.variant
+    )
     log.info(
         "model %s ready: dim %d, image %d px, backend %s, text tower %s",
         identity.model_id,

@@ -8,12 +8,14 @@ import each other.
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass
 from typing import TypeVar
 
 __all__ = [
     "CLIP_MEAN",
     "CLIP_STD",
+    "DEFAULT_DECODE_TIMEOUT_S",
     "DEFAULT_MAX_IMAGE_PIXELS",
     "DEFAULT_MAX_PIXELS_IN_FLIGHT",
     "OPTIMIZATION_LEVELS",
@@ -44,6 +46,10 @@ DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
 #: decoded pixels all concurrent decodes of one plugin may hold: one maximal image at a time
 #: (≈ 0.8 GB as Pillow's 4-byte RGB), or sixteen 12-megapixel photos
 DEFAULT_MAX_PIXELS_IN_FLIGHT = 200_000_000
+
+#: one image decode stops after this long (its reads fail; see ``preprocess/deadline.py``): a
+#: 179-megapixel PNG decodes in about 2 s here
+DEFAULT_DECODE_TIMEOUT_S = 10.0
 
 
 class OptimizationLevel(enum.StrEnum):
@@ -178,7 +184,11 @@ class DecodeMode(enum.StrEnum):
 class ModelIdentity:
     """What makes two models' vectors comparable: name, content digest, dimension.
 
-    The one identity type: the plugin reports it, an index records and enforces it.
+    The one identity type: the plugin reports it, an index records and enforces it. A precision
+    variant (int8, fp16...) is another embedding space: :meth:`of_variant` folds its name into
+    both the name and the digest, so that every check that compares ``sha256`` (the index's
+    ``bind_model``, ``/index/info``'s ``comparable``, the reload guard) refuses to mix an int8
+    variant's vectors with its fp32 twin's unless the operator allows the space change.
     """
 
     name: str
@@ -193,6 +203,22 @@ class ModelIdentity:
     def dim(self) -> int:
         """Short name of ``embedding_dim`` (the index's)."""
         return self.embedding_dim
+
+    @classmethod
+    def of_variant(
+        cls, *, name: str, sha256: str, embedding_dim: int, variant: str = "fp32"
+    ) -> ModelIdentity:
+        """The identity of precision ``variant`` of the model whose content digest is ``sha256``.
+
+        fp32 keeps the model's own name and digest (indexes built before variants counted keep
+        working); any other variant is ``name-variant`` with the SHA-256 of
+        ``"<sha256>:<variant>"``: its vectors are close to fp32's (cosine ≥ 0.99) but not the
+        same, and a search over a mix of both ranks by which model wrote an item.
+        """
+        if variant == "fp32":
+            return cls(name=name, sha256=sha256, embedding_dim=embedding_dim)
+        digest = hashlib.sha256(f"{sha256}:{variant}".encode()).hexdigest()
+        return cls(name=f"{name}-{variant}", sha256=digest, embedding_dim=embedding_dim)
 
     @classmethod
     def from_model_id(cls, model_id: str, *, sha256: str, dim: int) -> ModelIdentity:

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,13 +40,23 @@ import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
 from themis_clip.budget import PixelBudget
-from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError
+from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError, ThemisClipError
 from themis_clip.inputspec import ImageSpec
 from themis_clip.interface import ImageData
+from themis_clip.preprocess.containers import (
+    check_container,
+    check_raw_data_fits,
+    count_jpeg_scans,
+    mapped,
+    max_jpeg_scans,
+)
+from themis_clip.preprocess.deadline import DeadlineReader
+from themis_clip.preprocess.depth import to_8bit
 from themis_clip.preprocess.resample import crop_of_resize
 from themis_clip.vocabulary import (
     CLIP_MEAN,
     CLIP_STD,
+    DEFAULT_DECODE_TIMEOUT_S,
     DEFAULT_MAX_IMAGE_PIXELS,
     DecodeMode,
     ResizeMode,
@@ -82,7 +93,8 @@ def decode_image(
     draft_min_side: int | None = None,
     format_hint: str | None = None,
     orientation: int | None = None,
-    reserve: Callable[[int], None] | None = None,
+    reserve: Callable[[int, int], None] | None = None,
+    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S,
 ) -> Image.Image:
     """Open ``data`` as a Pillow image (first frame), oriented and in an 8-bit mode.
 
@@ -91,9 +103,11 @@ def decode_image(
     ``format_hint`` (a Pillow format name, e.g. ``"PNG"``) is tried first, and only a hint:
     data of another format still decodes. ``orientation`` (EXIF 1-8, declared by the caller)
     applies when ``apply_exif`` is on and the image carries no orientation of its own.
-    ``reserve`` is called with the number of pixels about to be decoded (after DCT scaling),
-    once the header is read and before any pixel memory is allocated: a
-    :class:`~themis_clip.budget.Lease`'s ``take``, so that concurrent decodes share a budget.
+    ``reserve`` is called with the bytes the decode will hold at most (the frame and its
+    full-size intermediates, after DCT scaling) and the frame's pixels, once the header is read
+    and before any pixel memory is allocated: a :class:`~themis_clip.budget.Lease`'s
+    ``take_bytes``, so that concurrent decodes share a budget. Containers are inspected before
+    Pillow opens them (:mod:`.containers`), and the decode stops after ``decode_timeout_s``.
 
     Raises:
         ImageDecodeError: not an image, truncated or corrupt data, missing file.
@@ -107,25 +121,36 @@ def decode_image(
     elif isinstance(data, bytes | bytearray | memoryview):
         if len(data) == 0:
             raise ImageDecodeError("empty image data (0 bytes)")
+        deadline = time.monotonic() + decode_timeout_s
+        check_container(data, None, max_image_pixels)
+        fp = DeadlineReader(io.BytesIO(data), deadline, decode_timeout_s)
         img = _checked_load(
-            _open(io.BytesIO(data), "image bytes", format_hint),
+            _open(fp, "image bytes", format_hint),
             max_image_pixels,
             draft_min_side,
             reserve,
-            len(data),
+            data,
+            orientation,
+            apply_exif,
         )
     elif isinstance(data, str | os.PathLike):
         path = os.fspath(data)
         try:
             # The file is closed as soon as frame 0 is decoded: no descriptor outlives the call.
             with open(path, "rb") as fh:
-                img = _checked_load(
-                    _open(fh, path, format_hint),
-                    max_image_pixels,
-                    draft_min_side,
-                    reserve,
-                    os.fstat(fh.fileno()).st_size,
-                )
+                deadline = time.monotonic() + decode_timeout_s
+                size = os.fstat(fh.fileno()).st_size
+                with mapped(fh, size) as raw:
+                    check_container(raw, None, max_image_pixels)
+                    img = _checked_load(
+                        _open(DeadlineReader(fh, deadline, decode_timeout_s), path, format_hint),
+                        max_image_pixels,
+                        draft_min_side,
+                        reserve,
+                        raw,
+                        orientation,
+                        apply_exif,
+                    )
         except FileNotFoundError:
             raise ImageDecodeError(f"image file not found: {path}") from None
         except IsADirectoryError:
@@ -138,28 +163,42 @@ def decode_image(
             "a PIL image or an HWC uint8 array"
         )
     if apply_exif:
-        try:
-            own = img.getexif().get(_ORIENTATION)
-            # ImageOps.exif_transpose copies even an upright image (a full-size copy of a
-            # 169-megapixel bomb is 645 MB): transpose only when there is something to right.
-            turn = _TRANSPOSE.get(own if own is not None else (orientation or 1))
-            if turn is not None:
-                img = img.transpose(turn)
-        except Exception as exc:  # malformed EXIF must never fail an embedding
-            log.debug("ignoring unreadable EXIF orientation: %s", exc)
+        turn = _turn_of(img, orientation)
+        if turn is not None:
+            img = img.transpose(turn)
     if img.mode in _HIGH_DEPTH_MODES:
         img = _to_8bit(img)
     return img
+
+
+def _turn_of(img: Image.Image, orientation: int | None) -> Image.Transpose | None:
+    """The transpose that rights ``img`` (None: upright, or unreadable EXIF)."""
+    try:
+        own = img.getexif().get(_ORIENTATION)
+        # ImageOps.exif_transpose copies even an upright image (a full-size copy of a
+        # 169-megapixel bomb is 645 MB): transpose only when there is something to right.
+        return _TRANSPOSE.get(own if own is not None else (orientation or 1))
+    except Exception as exc:  # malformed EXIF must never fail an embedding
+        log.debug("ignoring unreadable EXIF orientation: %s", exc)
+        return None
+
+
+#: bytes per pixel of a decoded frame, by Pillow mode (multi-band modes take 4)
+_MODE_BYTES = {"1": 1, "L": 1, "P": 1, "I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2}
+#: formats whose plugin decodes into memory first and then reads that as a "raw" tile
+_DECODED_FIRST = frozenset({"AVIF", "WEBP", "HEIF", "JXL"})
 
 
 def _checked_load(
     img: Image.Image,
     max_image_pixels: int,
     draft_min_side: int | None = None,
-    reserve: Callable[[int], None] | None = None,
-    nbytes: int | None = None,
+    reserve: Callable[[int, int], None] | None = None,
+    raw: Any = None,
+    orientation: int | None = None,
+    apply_exif: bool = False,
 ) -> Image.Image:
-    """Check the declared size against the limit and the data, reserve, then decode frame 0."""
+    """Check the declared size and cost against the limits and the data, reserve, decode."""
     width, height = img.size
     if width < 1 or height < 1:
         raise ImageDecodeError(f"image has no pixels ({width}x{height})")
@@ -168,40 +207,42 @@ def _checked_load(
             f"image is {width}x{height} = {width * height} pixels, above the limit of "
             f"{max_image_pixels} (max_image_pixels)"
         )
+    if raw is not None and img.format == "JPEG":
+        allowed = max_jpeg_scans(width * height)
+        scans = count_jpeg_scans(raw, allowed)
+        if scans > allowed:
+            raise ImageDecodeError(
+                f"JPEG has more than {allowed} scans for its {width}x{height} pixels; a "
+                "progressive JPEG has about 10 (each scan is decoded over the whole image)"
+            )
     short = min(width, height)
     if draft_min_side and img.format == "JPEG" and short >= 2 * draft_min_side:
         scale = draft_min_side / short
         img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
-    if nbytes is not None:
-        _check_raw_data_fits(img, nbytes)
+    if raw is not None and img.format not in _DECODED_FIRST:
+        check_raw_data_fits(img.size, getattr(img, "tile", None) or (), len(raw))
     if reserve is not None:
-        reserve(img.size[0] * img.size[1])
+        pixels = img.size[0] * img.size[1]
+        frame = _MODE_BYTES.get(img.mode, 4)
+        # Only EXIF already read with the header: Pillow's PNG getexif() decodes the whole
+        # image to look for an eXIf chunk after the pixels, which is what the budget gates.
+        if "exif" in img.info:
+            turns = apply_exif and _turn_of(img, orientation) is not None
+        else:
+            turns = apply_exif and (orientation or 1) in _TRANSPOSE
+        extra = frame if turns else 0  # the righted copy lives beside the frame
+        if img.mode in _HIGH_DEPTH_MODES:
+            extra += 1  # the 8-bit copy (converted strip by strip)
+        reserve(pixels * (frame + extra), pixels)
     try:
         img.load()
+    except ThemisClipError:
+        raise  # the decode's deadline (DeadlineReader)
     except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
         raise ImageDecodeError(f"truncated or corrupt image data: {exc}") from exc
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(str(exc)) from None
     return img
-
-
-def _check_raw_data_fits(img: Image.Image, nbytes: int) -> None:
-    """Refuse uncompressed data (BMP, PPM, raw TIFF...) shorter than its header declares.
-
-    Pillow allocates the whole image before reading it: a 54-byte BMP header claiming 13000²
-    pixels would cost 160 MB before failing as truncated. Uncompressed pixels need at least one
-    bit each, so a raw tile with fewer bytes than that cannot be complete.
-    """
-    for tile in getattr(img, "tile", None) or ():
-        if tile[0] != "raw":
-            continue
-        x0, y0, x1, y1 = tile[1]
-        needed = int(tile[2]) + math.ceil((x1 - x0) * (y1 - y0) / 8)
-        if needed > nbytes:
-            raise ImageDecodeError(
-                f"truncated image data: the header declares {img.size[0]}x{img.size[1]} "
-                f"uncompressed pixels (at least {needed} bytes) but the data has {nbytes}"
-            )
 
 
 _ORIENTATION = 0x0112
@@ -258,13 +299,21 @@ def _from_array(arr: npt.NDArray[Any]) -> Image.Image:
 
 
 def _to_8bit(img: Image.Image) -> Image.Image:
-    arr = np.asarray(img)
-    if img.mode == "F":
-        scaled = arr * 255.0 if float(np.nanmax(arr, initial=0.0)) <= 1.0 else arr
-    else:
-        # 16-bit data (I;16 or I holding 16-bit PNG values): 65535 maps to 255.
-        scaled = arr.astype(np.float64) / 257.0
-    out = np.clip(np.nan_to_num(scaled), 0, 255).round().astype(np.uint8)
+    """16- and 32-bit greyscale to 8 bits (:func:`.depth.to_8bit`, strip by strip)."""
+    width, height = img.size
+
+    def strip(y0: int, y1: int) -> npt.NDArray[Any]:
+        return np.asarray(img.crop((0, y0, width, y1)))
+
+    tags = getattr(img, "tag_v2", None) if img.format == "TIFF" else None
+    out = to_8bit(
+        (width, height),
+        strip,
+        img.mode,
+        img.format,
+        bits=tags.get(258) if tags is not None else None,
+        sample_format=tags.get(339) if tags is not None else None,
+    )
     return Image.fromarray(out, mode="L")
 
 
@@ -323,6 +372,8 @@ class ImagePreprocessor:
     decode_mode: DecodeMode | str = DecodeMode.EXACT
     #: shared by every decode of the service (None: unbounded, the library default)
     budget: PixelBudget | None = field(default=None, compare=False)
+    #: one decode stops (ImageTooLargeError) after this long
+    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.decode_mode not in tuple(DecodeMode):
@@ -371,7 +422,8 @@ class ImagePreprocessor:
                 draft_min_side=2 * self.spec.image_size if fast else None,
                 format_hint=format_hint,
                 orientation=orientation,
-                reserve=lease.take if lease is not None else None,
+                reserve=lease.take_bytes if lease is not None else None,
+                decode_timeout_s=self.decode_timeout_s,
             )
             rgb = _resize_crop(img, self.spec, FAST_REDUCING_GAP if fast else None)
             del img  # the full-size image goes before its pixels return to the budget
@@ -401,7 +453,7 @@ def make_thumbnail(
             data,
             max_image_pixels=max_image_pixels,
             draft_min_side=size,
-            reserve=lease.take if lease is not None else None,
+            reserve=lease.take_bytes if lease is not None else None,
         )
         if img.mode in ("1", "P", "PA"):  # resized NEAREST otherwise
             img = img.convert("RGB")

@@ -7,6 +7,7 @@ or is an :class:`APIError` that carries its own status.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -30,6 +31,8 @@ from themis_clip.errors import (
     ThemisClipError,
 )
 from themis_clip.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "APIError",
@@ -138,7 +141,13 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, request_timeout_s: fl
             else retry_headers(status_for(exc))
         )
         metrics.errors.labels(route_of(request), type(exc).__name__).inc()
-        return error_response(status_for(exc), type(exc).__name__, str(exc), headers)
+        message = str(exc)
+        if isinstance(exc, SearchIndexError) and not isinstance(exc, IndexModelMismatchError):
+            # A store's own errors name where it lives (a database URL: user, socket folder,
+            # database; a file path): logged here, never answered.
+            log.warning("search index error on %s: %s", route_of(request), message)
+            message = "the search index cannot be used right now (the cause is in the server log)"
+        return error_response(status_for(exc), type(exc).__name__, message, headers)
 
     @app.exception_handler(TimeoutError)
     async def timeout_error(request: Request, exc: TimeoutError) -> JSONResponse:

@@ -8,11 +8,16 @@ from typing import Any
 from fastapi import APIRouter
 
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.middleware import PreparsedJSONRoute
+from themis_clip.server.payloads import check_key, check_text, decode_image_fields, raise_for
 from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
+from themis_clip.zeroshot import check_labels
 
-router = APIRouter()
+router = APIRouter(route_class=PreparsedJSONRoute)
+
+#: labels embedded per step of a large /v1/classify (see ``classify``)
+LABEL_PIECE = 64
 
 
 @router.post("/v1/classify")
@@ -25,6 +30,13 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
     plugin = state.require_ready()
     if (body.image is None) == (body.item is None):
         raise APIError(422, "ValidationError", "give exactly one of 'image' or 'item'")
+    for where, text in [
+        ("template", body.template),
+        *((f"labels[{i}]", label) for i, label in enumerate(body.labels)),
+    ]:
+        check_text(text, where)
+    if body.item is not None:
+        check_key(body.item, "item")
     current = state.stamp()
     if body.item is not None:
         idx = state.require_index()
@@ -41,15 +53,28 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
         if vector is None:
             raise APIError(404, "NotFound", f"no item {key!r}")
     else:
-        result = await state.embed_image(decode_image_field(body.image or ""))
+        result = await state.embed_image((await decode_image_fields([body.image or ""]))[0])
         raise_for(result, "image")
         vector = result.embedding
+    max_labels = state.settings.max_labels
+    await asyncio.to_thread(check_labels, body.labels, body.template, max_labels)
+    # The labels' embeddings are computed (and cached by the plugin) a piece at a time, so that
+    # a request whose client has gone stops within one piece instead of embedding them all.
+    if len(body.labels) > LABEL_PIECE:
+        for start in range(0, len(body.labels), LABEL_PIECE):
+            await asyncio.to_thread(
+                plugin.classify_embedding,
+                vector,
+                body.labels[start : start + LABEL_PIECE],
+                template=body.template,
+                max_labels=max_labels,
+            )
     scores = await asyncio.to_thread(
         plugin.classify_embedding,
         vector,
         body.labels,
         template=body.template,
-        max_labels=state.settings.max_labels,
+        max_labels=max_labels,
     )
     ranked = sorted(scores, key=lambda s: -s.probability)
     identity = plugin.model_identity
@@ -74,9 +99,9 @@ async def rank(body: RankRequest, state: StateDep) -> dict[str, Any]:
         raise APIError(422, "ValidationError", "a text ranks 'images'; an image ranks 'texts'")
     if body.text is not None:
         query: Any = body.text
-        candidates: list[Any] = [decode_image_field(x) for x in body.images or []]
+        candidates: list[Any] = await decode_image_fields(list(body.images or []))
     else:
-        query = decode_image_field(body.image or "")
+        query = (await decode_image_fields([body.image or ""]))[0]
         candidates = list(body.texts or [])
     ranked = await asyncio.to_thread(
         plugin.rank,

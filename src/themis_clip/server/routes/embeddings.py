@@ -9,11 +9,12 @@ from fastapi import APIRouter, Request
 
 from themis_clip.models import hub
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import decode_image_field, raise_for, vector
+from themis_clip.server.middleware import PreparsedJSONRoute
+from themis_clip.server.payloads import decode_image_fields, raise_for, vector
 from themis_clip.server.schemas import OpenAIEmbeddingsRequest, TextRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=PreparsedJSONRoute)
 
 MAX_INPUTS = 2048
 
@@ -70,7 +71,7 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, state: StateDep) -> d
                 "cannot be shortened (omit 'dimensions' or pass it unchanged)",
             )
     if body.modality == "image":
-        results = await state.embed_images([decode_image_field(x) for x in inputs])
+        results = await state.embed_images(await decode_image_fields(list(inputs)))
     else:
         results = await state.embed_texts(list(inputs), body.language)
     for i, r in enumerate(results):

@@ -11,10 +11,11 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from themis_clip.server.errors import APIError
+from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=PreparsedJSONRoute)
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)

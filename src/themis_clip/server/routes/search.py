@@ -16,11 +16,12 @@ from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.middleware import PreparsedJSONRoute
+from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=PreparsedJSONRoute)
 
 
 @router.post("/index/items")
@@ -28,6 +29,7 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
     idx = state.require_index()
     seen: dict[str, int] = {}
     for i, item in enumerate(body.items):
+        check_key(item.id, f"items[{i}].id", new=True)
         if item.id in seen:
             raise APIError(
                 422,
@@ -37,7 +39,7 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
             )
         seen[item.id] = i
         validate_metadata(item.metadata, where=f"items[{i}].metadata")
-    data = [decode_image_field(item.image) for item in body.items]
+    data = await decode_image_fields([item.image for item in body.items])
     results = await state.embed_images(data)
     for item, r in zip(body.items, results, strict=True):
         raise_for(r, f"item {item.id!r}")
@@ -76,6 +78,9 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         raise APIError(
             422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
         )
+    check_filters(body.filters)
+    if body.item is not None:
+        check_key(body.item, "item")
     if body.item is not None:  # stored vectors against stored vectors: one space, always
         item_key = body.item
 
@@ -108,7 +113,7 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
             result = await (
                 state.embed_text(body.text, body.language)
                 if body.text is not None
-                else state.embed_image(decode_image_field(body.image or ""))
+                else state.embed_image((await decode_image_fields([body.image or ""]))[0])
             )
             raise_for(result, "query")
             current = state.stamp()
@@ -204,6 +209,7 @@ async def preview(key: str, state: StateDep, size: int = 768) -> Response:
 
 async def _picture(state: AppState, key: str, size: int) -> Response:
     idx = state.require_index()
+    check_key(key, "id")
     budget = state.plugin.pixel_budget
     max_pixels = state.settings.plugin_config.preprocess.max_image_pixels
 
@@ -234,6 +240,7 @@ async def _picture(state: AppState, key: str, size: int) -> Response:
 async def item_info(key: str, state: StateDep) -> dict[str, Any]:
     """One indexed item: id, path (as the index recorded it), size, metadata, pictures."""
     idx = state.require_index()
+    check_key(key, "id")
 
     def load() -> Any:
         return idx.store.get(key)
