@@ -71,6 +71,7 @@ from themis_clip.interface import (
 )
 from themis_clip.loading import load_model
 from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.models.spec import ModelSpec
 from themis_clip.pipeline import elapsed_ms, embed_images, embed_texts, translate
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
@@ -283,6 +284,18 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         """Name, SHA-256 and dimension of the active model: what makes vectors comparable."""
         model = self._model
         return model.identity if model is not None else None
+
+    @property
+    def takes_language(self) -> bool:
+        """Whether the loaded model's text tower reads a language code (else one is ignored)."""
+        model = self._model
+        return model is not None and model.spec.text.language_prefix is not None
+
+    @property
+    def model_spec(self) -> ModelSpec | None:
+        """What the loaded model's directory declares (name, layout, context length, ...)."""
+        model = self._model
+        return model.spec if model is not None else None
 
     @property
     def scoring(self) -> dict[str, float | None]:
