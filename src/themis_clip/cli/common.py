@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -75,10 +76,21 @@ def graph_settings(args: argparse.Namespace) -> GraphSettings:
     return GraphSettings(target_recall=target, dtype=args.graph_dtype or search.graph_dtype)
 
 
+def _not_initialize_failed(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("initialize failed")
+
+
 def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:
     config = config_from(args)
     plugin = OnnxClipPlugin()
-    if not plugin.initialize(config):
+    # The plugin logs a failed start for library callers; here the exit message says it, once.
+    plugin_log = logging.getLogger("themis_clip.plugin")
+    plugin_log.addFilter(_not_initialize_failed)
+    try:
+        ok = plugin.initialize(config)
+    finally:
+        plugin_log.removeFilter(_not_initialize_failed)
+    if not ok:
         raise CLIError(f"cannot initialise the model: {plugin.last_error}")
     return plugin
 

@@ -74,7 +74,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     finally:
         plugin.shutdown()
     _print_report(report, args.index)
-    return 0
+    return 1 if report.failed else 0  # the rest is indexed; exit 1 says some files were not
 
 
 def _print_report(report: IndexReport, index_path: str) -> None:

@@ -8,9 +8,11 @@ import signal
 import socket
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from themis_clip.cli.common import (
+    DEFAULT_INDEX,
     CLIError,
     config_from,
     graph_settings,
@@ -25,7 +27,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
-    index_args(p, default=None)
+    index_args(p)
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
     p.add_argument(
         "--max-queue", type=int, default=4096, help="waiting items before 429 (413 beyond it)"
@@ -59,17 +61,21 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
+def _index_path(args: argparse.Namespace) -> str | None:
+    """``index`` and ``search``'s default: ``--index``, the config's ``search.index``, else
+    ``themis-index.db`` where it exists (serving with no index is no error)."""
+    location = index_location(args, default=None)
+    if location is None and Path(DEFAULT_INDEX).is_file():
+        location = DEFAULT_INDEX
+    return location
 
-        from themis_clip.server import ServerSettings, create_app
-        from themis_clip.server.protocol import guarded_h11
-    except ImportError as exc:
-        raise CLIError(
-            f"serving needs the server extra ({exc.name} is missing): "
-            "pip install 'themis-onnx-clip[server]'"
-        ) from exc
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn  # a missing server extra: one message at the CLI edge (cli/extras.py)
+
+    from themis_clip.server import ServerSettings, create_app
+    from themis_clip.server.protocol import guarded_h11
+
     positive = (
         "max_queue",
         "max_queue_delay_ms",
@@ -97,7 +103,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise CLIError(str(exc).replace("preprocess.", "--").replace("_", "-")) from exc
     settings = ServerSettings(
         plugin_config=config,
-        index_path=index_location(args, default=None),
+        index_path=_index_path(args),
         search_settings=graph_settings(args),
         model_root=args.model_root,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
