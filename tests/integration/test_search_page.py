@@ -464,3 +464,23 @@ def test_an_empty_index_and_a_mismatch_say_so_once(
         browser.wait_for("document.getElementById('results').getAttribute('aria-busy') === null")
         status = browser.evaluate("document.getElementById('status').textContent")
         assert status.count("Re-index") == 1 and status.count("index DIR --index NEW_PATH") == 1
+
+
+def test_docs_render_offline_under_the_pages_csp(site: tuple[str, Path], browser: Browser) -> None:
+    base, _ = site
+    r = httpx.get(base + "/docs")
+    assert (
+        r.headers["content-security-policy"]
+        == httpx.get(base + "/").headers["content-security-policy"]
+    )
+    assert "cdn" not in r.text.lower() and "<script>" not in r.text  # no CDN, no inline code
+    browser.viewport(1280, 860)
+    browser.navigate(base + "/docs")
+    browser.wait_for("document.querySelectorAll('.opblock').length > 10")
+    paths = browser.evaluate(
+        "[...document.querySelectorAll('.opblock-summary-path')].map(p => p.textContent)"
+    )
+    assert "/v1/embeddings" in paths and "/search" in paths
+    assert browser.evaluate("document.querySelector('.info .title').textContent").startswith(
+        "themis-clip"
+    )
