@@ -108,3 +108,46 @@ def test_export_is_quiet_but_keeps_real_warnings(tmp_path: Path) -> None:
     v = cli("verify", str(tmp_path / "out"), "--reference", str(checkpoint))
     assert v.returncode == 0, v.stdout + v.stderr
     assert "torchvision" not in v.stderr and "requires_grad" not in v.stderr
+
+
+def test_a_folder_index_stores_file_metadata_for_filters(photos: Path, tmp_path: Path) -> None:
+    (photos / "trips" / "rome").mkdir(parents=True)
+    Image.new("RGB", (50, 20), (20, 200, 20)).save(photos / "trips" / "rome" / "green.png")
+    assert cli("index", str(photos), cwd=tmp_path).returncode == 0
+
+    def hits(*args: str) -> list[dict[str, object]]:
+        r = cli("search", "a green square", "--json", "-k", "10", *args, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        found: list[dict[str, object]] = json.loads(r.stdout)
+        return found
+
+    by_name = {h["metadata"]["name"]: h["metadata"] for h in hits()}  # type: ignore[index]
+    assert set(by_name) == {"red.png", "blue.jpg", "green.png"}
+    green = by_name["green.png"]
+    assert green["folder"] == "trips/rome" and by_name["red.png"]["folder"] == "."
+    assert (green["width"], green["height"]) == (50, 20)
+    st = (photos / "trips" / "rome" / "green.png").stat()
+    assert green["size"] == st.st_size and str(green["mtime"]).endswith("+00:00")
+    only = hits("--filter", "folder=trips/rome")
+    assert [h["metadata"]["name"] for h in only] == ["green.png"]  # type: ignore[index]
+    assert [h["metadata"]["name"] for h in hits("--filter", "width=30")] == ["blue.jpg"]  # type: ignore[index]
+    # A rename moves the row without re-embedding; its metadata follows the new name.
+    (photos / "red.png").rename(photos / "trips" / "crimson.png")
+    r = cli("index", str(photos), cwd=tmp_path)
+    assert "1 renamed" in r.stdout, r.stdout
+    moved = [h["metadata"] for h in hits() if h["metadata"]["name"] == "crimson.png"]  # type: ignore[index]
+    assert moved and moved[0]["folder"] == "trips"  # type: ignore[index]
+
+
+def test_classify_shows_the_raw_cosine(tmp_path: Path) -> None:
+    from themis_clip.demo.scenes import Scene, render_scene
+
+    render_scene(Scene(shape="circle", colour="red")).save(tmp_path / "circle.png")
+    r = cli("classify", str(tmp_path / "circle.png"), "--labels", "car,dog,tree")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if "%" in line]
+    assert len(rows) == 3 and all(" cosine " in row for row in rows), r.stdout
+    assert "none fits" in r.stdout
+    j = cli("classify", str(tmp_path / "circle.png"), "--labels", "car,dog", "--json")
+    labels = json.loads(j.stdout)["labels"]
+    assert all(isinstance(x["cosine"], float) and -1 <= x["cosine"] <= 1 for x in labels)

@@ -16,8 +16,9 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +27,7 @@ from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.store import ItemRow
 from themis_clip.interface import EmbeddingResult, ImageData
+from themis_clip.preprocess.image import image_dimensions
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "ImageEmbedder",
     "IndexReport",
     "Progress",
+    "file_metadata",
     "index_folder",
     "walk_images",
 ]
@@ -70,8 +73,37 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
+def _valid_text(name: str) -> str:
+    """A file name as valid Unicode (undecodable bytes in names become "?")."""
+    return name.encode("utf-8", "replace").decode("utf-8")
+
+
+def file_metadata(path: Path, st: os.stat_result, root: Path) -> dict[str, Any]:
+    """What ``--filter`` and the page's facets can use for a file: its folder (relative to the
+    indexed folder, ``.`` at the top), name, size in bytes, modification time (ISO 8601, UTC)
+    and, where the header says, the image's width and height in pixels."""
+    try:
+        where = path.parent.relative_to(root).as_posix()
+    except ValueError:  # not under the root (a link walked out of it): the folder's name
+        where = path.parent.name
+    meta: dict[str, Any] = {
+        "folder": _valid_text(where),
+        "name": _valid_text(path.name),
+        "size": st.st_size,
+        "mtime": datetime.fromtimestamp(st.st_mtime, UTC).isoformat(timespec="seconds"),
+    }
+    size = image_dimensions(path)
+    if size is not None:
+        meta["width"], meta["height"] = size
+    return meta
+
+
 def _row(
-    path: Path, st: os.stat_result, digest: str | None, vector: npt.NDArray[np.float32]
+    path: Path,
+    st: os.stat_result,
+    digest: str | None,
+    vector: npt.NDArray[np.float32],
+    root: Path,
 ) -> ItemRow:
     """A file's row: keyed by its path, with what the next run needs to skip it unchanged."""
     return ItemRow(
@@ -81,6 +113,7 @@ def _row(
         mtime_ns=st.st_mtime_ns,
         sha256=digest,
         vector=vector,
+        metadata=file_metadata(path, st, root),
     )
 
 
@@ -137,11 +170,14 @@ def index_folder(
                 moved.key, str(path), path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns
             )
             vanished.discard(moved.path or "")
+            vector = store.vector(str(path))
+            if vector is not None:  # the moved row's metadata names its new folder and name
+                store.upsert([_row(path, st, digest, vector, folder)], dim=stamp.dim)
             report.renamed += 1
         elif same and str(path) not in known:
             vector = store.vector(same[0].key)
             assert vector is not None
-            store.upsert([_row(path, st, digest, vector)], dim=stamp.dim)
+            store.upsert([_row(path, st, digest, vector, folder)], dim=stamp.dim)
             report.duplicates += 1
         else:
             to_embed.append((path, st, digest))
@@ -153,7 +189,7 @@ def index_folder(
         rows, failed_rows = [], []
         for (path, st, digest), r in zip(part, results, strict=True):
             if r.ok and r.embedding is not None:
-                rows.append(_row(path, st, digest, r.embedding))
+                rows.append(_row(path, st, digest, r.embedding, folder))
                 if str(path) in known:
                     report.updated += 1
                 else:

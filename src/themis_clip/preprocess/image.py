@@ -54,6 +54,7 @@ from themis_clip.vocabulary import (
 __all__ = [
     "ImagePreprocessor",
     "decode_image",
+    "image_dimensions",
     "make_thumbnail",
     "preprocess_image",
     "readable_formats",
@@ -215,6 +216,19 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+
+def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(width, height)`` from an image file's header (no pixels decoded); None if unreadable.
+
+    The stored size, before any EXIF orientation is applied.
+    """
+    try:
+        with open(path, "rb") as fp, _open(fp, str(path)) as img:
+            width, height = img.size
+    except (InputError, OSError):
+        return None
+    return int(width), int(height)
 
 
 def readable_formats() -> tuple[str, ...]:
