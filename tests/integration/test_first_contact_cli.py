@@ -4,6 +4,7 @@ exports. Real subprocesses of the installed ``themis-clip`` command."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,21 @@ def test_classify_shows_the_raw_cosine(tmp_path: Path) -> None:
     j = cli("classify", str(tmp_path / "circle.png"), "--labels", "car,dog", "--json")
     labels = json.loads(j.stdout)["labels"]
     assert all(isinstance(x["cosine"], float) and -1 <= x["cosine"] <= 1 for x in labels)
+
+
+def test_the_demo_asks_what_its_gallery_holds_and_judges_each_top_hit(tmp_path: Path) -> None:
+    r = cli("demo", "--count", "30", "--gallery", str(tmp_path / "g"))
+    assert r.returncode == 0, r.stderr
+    names = [p.name for p in (tmp_path / "g").iterdir()]
+    queries = re.findall(
+        r"^  '(a [^']+)'  \((\d+) right answers? in the gallery\)$", r.stdout, re.M
+    )
+    verdicts = re.findall(r"^  top hit: (right|WRONG)$", r.stdout, re.M)
+    assert len(queries) == 4 and len(verdicts) == 4, r.stdout
+    for text, count in queries:
+        words = text.removeprefix("a ").split()
+        colour, shape = [w for w in words if w not in ("small", "large")][:2]
+        matching = [n for n in names if f"-{colour}-{shape}-" in n]
+        assert int(count) >= 1 and matching, (text, names)
+    right = verdicts.count("right")
+    assert f"{right} of 4 top hits right" in r.stdout
