@@ -112,3 +112,20 @@ def test_language_codes(http: httpx.Client) -> None:
         ignored = http.post(path, json={**body, "language": "deu_Latn"})
         assert ignored.status_code == 200 and ignored.json()["language_ignored"] is True
         assert "language_ignored" not in http.post(path, json=body).json()
+
+
+def test_classify_answers_the_raw_cosine_beside_the_probability(
+    http: httpx.Client, plugin: OnnxClipPlugin
+) -> None:
+    from themis_clip.demo.scenes import Scene, render_scene
+
+    buf = io.BytesIO()
+    render_scene(Scene(shape="circle", colour="red")).save(buf, "PNG")
+    r = http.post("/v1/classify", json={"image": _url(buf.getvalue()), "labels": ["car", "dog"]})
+    assert r.status_code == 200, r.text
+    labels = r.json()["labels"]
+    image = plugin.generate_embedding(buf.getvalue()).embedding
+    for row in labels:
+        text = plugin.generate_text_embedding(f"a photo of a {row['label']}").embedding
+        assert row["cosine"] == pytest.approx(float(np.dot(image, text)), abs=1e-4)
+    assert sum(row["probability"] for row in labels) == pytest.approx(1.0, abs=1e-5)
