@@ -24,6 +24,9 @@ from themis_clip.vocabulary import ModelIdentity
 
 router = APIRouter()
 
+#: above this many items no weak-match line is measured (see server/weak.py)
+MAX_MEASURED_ITEMS = 200_000
+
 
 @router.post("/index/items")
 async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any]:
@@ -156,6 +159,8 @@ async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None
 
     def measure() -> WeakLine | None:
         with state.index_lock:
+            if idx.store.count() > MAX_MEASURED_ITEMS:
+                return None  # loading every vector to sample them would cost more than it tells
             _, vectors = idx.store.load_vectors(current.dim)
         return measure_weak_line(text_vectors, vectors)
 
