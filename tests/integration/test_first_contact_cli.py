@@ -54,10 +54,18 @@ def test_serve_uses_the_index_that_index_wrote(photos: Path, tmp_path: Path) -> 
 
 
 def test_model_errors_are_printed_once(tmp_path: Path) -> None:
-    r = cli("embed", "--text", "a", "--model", str(tmp_path / "missing"))
-    assert r.returncode == 2
-    assert r.stderr.count("model path not found") == 1, r.stderr
-    assert r.stderr.startswith("themis-clip: error: ")
+    for command in (["embed", "--text", "a"], ["serve", "--port", "0"]):
+        r = cli(*command, "--model", str(tmp_path / "missing"), timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("model path not found") == 1, r.stderr
+        assert r.stderr.startswith("themis-clip: error: ") and "Traceback" not in r.stderr
+
+
+def test_serve_start_up_failures_are_messages_not_tracebacks(tmp_path: Path) -> None:
+    r = cli("serve", "--port", "0", "--index", "postgresql://u@127.0.0.1:1/db", timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("themis-clip: error: cannot connect to PostgreSQL")
+    assert "Traceback" not in r.stderr
 
 
 def test_embed_refuses_unknown_output_suffixes_and_bad_languages(tmp_path: Path) -> None:

@@ -80,8 +80,9 @@ def _not_initialize_failed(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("initialize failed")
 
 
-def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:
-    config = config_from(args)
+def start_plugin(args: argparse.Namespace, config: PluginConfig | None = None) -> OnnxClipPlugin:
+    """The plugin of ``args`` (or of ``config``, where a command adjusted it), initialised."""
+    config = config or config_from(args)
     plugin = OnnxClipPlugin()
     # The plugin logs a failed start for library callers; here the exit message says it, once.
     plugin_log = logging.getLogger("themis_clip.plugin")

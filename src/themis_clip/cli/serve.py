@@ -19,8 +19,10 @@ from themis_clip.cli.common import (
     index_args,
     index_location,
     model_args,
+    start_plugin,
 )
 from themis_clip.errors import ConfigError
+from themis_clip.index.search import VectorIndex
 
 
 def register(sub: Any) -> None:
@@ -101,10 +103,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             config = replace(config, preprocess=replace(config.preprocess, **pixels))
         except ConfigError as exc:
             raise CLIError(str(exc).replace("preprocess.", "--").replace("_", "-")) from exc
+    index_path = _index_path(args)
+    search_settings = graph_settings(args)
+    # Start-up work that can fail happens here, before uvicorn: a failure inside its lifespan
+    # is a traceback; here it is one message and exit code 2.
+    if index_path:
+        VectorIndex(index_path, settings=search_settings).close()
+    plugin = start_plugin(args, config)
     settings = ServerSettings(
         plugin_config=config,
-        index_path=_index_path(args),
-        search_settings=graph_settings(args),
+        index_path=index_path,
+        search_settings=search_settings,
         model_root=args.model_root,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
         max_body_bytes=int(args.max_body_mb * 2**20),
@@ -130,11 +139,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sock.bind((args.host, args.port))
     except OSError as exc:
         sock.close()
+        plugin.shutdown()
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     sock.listen(2048)
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings),
+            create_app(settings, plugin=plugin),
             log_level="info" if args.verbose else "warning",
             timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
             http=guarded_h11(settings.header_timeout_s, settings.max_connections),
