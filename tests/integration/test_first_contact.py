@@ -68,6 +68,9 @@ def test_an_image_data_url_is_an_image_without_modality(
     assert np.allclose(got[0], text, atol=1e-6) and np.allclose(got[1], image, atol=1e-6)
     err = _error(http.post("/v1/embeddings", json={"input": [_url(png)], "modality": "text"}), 422)
     assert "input[0] is an image data URL but modality is 'text'" in err["message"]
+    body = {"input": [_url(png), "a red circle"], "modality": "image"}
+    err = _error(http.post("/v1/embeddings", json=body), 422)
+    assert "input[1] is text but modality is 'image'" in err["message"]
 
 
 def test_long_texts_are_cut_visibly_or_refused(http: httpx.Client) -> None:

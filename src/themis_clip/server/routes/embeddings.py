@@ -129,7 +129,17 @@ def _is_image(inputs: list[str], modality: str | None) -> list[bool]:
             f"input[{i}] is an image data URL but modality is 'text' (omit modality: "
             "data:image/ URLs are embedded as images)",
         )
-    return [True] * len(inputs) if modality == "image" else images
+    if modality == "image":
+        for i, x in enumerate(inputs):
+            if not images[i] and " " in x.strip():  # base64 has no spaces; words do
+                raise APIError(
+                    422,
+                    "ValidationError",
+                    f"input[{i}] is text but modality is 'image' (images are data:image/ "
+                    "URLs or base64; omit modality to embed texts and images together)",
+                )
+        return [True] * len(inputs)
+    return images
 
 
 @router.post("/v1/embeddings")
