@@ -186,6 +186,12 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         return model.identity if model is not None else None
 
     @property
+    def takes_language(self) -> bool:
+        """Whether the loaded model's text tower reads a language code (else one is ignored)."""
+        model = self._model
+        return model is not None and model.spec.text.language_prefix is not None
+
+    @property
     def model_spec(self) -> ModelSpec | None:
         """What the active model's directory declares (layout, files, image and text specs)."""
         model = self._model

@@ -116,7 +116,7 @@ def test_index_and_search(
     index = str(tmp_path / "idx.db")
     (images / "bad.png").write_bytes(b"not a png")
     out = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # README: 1 when some files were unreadable
     assert "2 added" in out.stdout and "1 unreadable" in out.stdout and "bad.png" in out.stdout
     again = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
     assert "0 added" in again.stdout and "2 unchanged" in again.stdout

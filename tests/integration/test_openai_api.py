@@ -78,7 +78,10 @@ def test_images_through_the_client(client: openai.OpenAI, plugin: OnnxClipPlugin
     Image.fromarray(photo_like(64, 48, 3)).save(buf, "PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     r = client.embeddings.create(
-        model="any", input=[url], encoding_format="float", extra_body={"modality": "image"}
+        model=client.models.list().data[0].id,
+        input=[url],
+        encoding_format="float",
+        extra_body={"modality": "image"},
     )
     mine = plugin.generate_embedding(buf.getvalue()).embedding
     assert np.allclose(np.asarray(r.data[0].embedding, dtype=np.float32), mine, atol=1e-6)
@@ -89,7 +92,9 @@ def test_dimensions(client: openai.OpenAI, plugin: OnnxClipPlugin) -> None:
     identity = plugin.model_identity
     assert identity is not None
     dim = identity.embedding_dim
-    r = client.embeddings.create(model="m", input="a", dimensions=dim, encoding_format="float")
+    r = client.embeddings.create(
+        model=identity.model_id, input="a", dimensions=dim, encoding_format="float"
+    )
     assert len(r.data[0].embedding) == dim
     with pytest.raises(openai.UnprocessableEntityError, match="cannot be shortened"):
-        client.embeddings.create(model="m", input="a", dimensions=dim - 1)
+        client.embeddings.create(model=identity.model_id, input="a", dimensions=dim - 1)

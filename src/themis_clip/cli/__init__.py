@@ -21,6 +21,7 @@ from themis_clip._version import __version__
 from themis_clip.allocator import pin_mmap_threshold
 from themis_clip.cli import classify, dataset, demo, embed, export, index, models, serve
 from themis_clip.cli.common import CLIError
+from themis_clip.cli.extras import missing_extra
 from themis_clip.errors import ThemisClipError
 
 __all__ = ["main"]
@@ -44,6 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except (CLIError, ThemisClipError) as exc:
         print(f"themis-clip: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        message = missing_extra(exc, args.command)
+        if message is None:
+            raise
+        print(f"themis-clip: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("themis-clip: interrupted", file=sys.stderr)

@@ -52,7 +52,8 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                         {
                             "image": image,
                             "labels": [
-                                {"label": s.label, "probability": s.probability} for s in ranked
+                                {"label": s.label, "probability": s.probability, "cosine": s.cosine}
+                                for s in ranked
                             ],
                         }
                     )
@@ -60,7 +61,14 @@ def _cmd_classify(args: argparse.Namespace) -> int:
             else:
                 print(image)
                 for s in ranked:
-                    print(f"  {100 * s.probability:6.2f}%  {s.label}")
+                    print(f"  {100 * s.probability:6.2f}%  cosine {s.cosine:+.3f}  {s.label}")
+        if not args.json:  # what the two numbers mean, once
+            print(
+                "(probabilities are shared out among these labels only, so one always looks likely"
+                if plugin.scoring["logit_bias"] is None
+                else "(each label is scored on its own"
+            )
+            print("  the cosine is the raw match: low for every label means none fits)")
     finally:
         plugin.shutdown()
     return 1 if failed else 0

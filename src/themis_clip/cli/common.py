@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -79,10 +80,22 @@ def graph_settings(args: argparse.Namespace) -> GraphSettings:
     return GraphSettings(target_recall=target, dtype=dtype)
 
 
-def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:
-    config = config_from(args)
+def _not_initialize_failed(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("initialize failed")
+
+
+def start_plugin(args: argparse.Namespace, config: PluginConfig | None = None) -> OnnxClipPlugin:
+    """The plugin of ``args`` (or of ``config``, where a command adjusted it), initialised."""
+    config = config or config_from(args)
     plugin = OnnxClipPlugin()
-    if not plugin.initialize(config):
+    # The plugin logs a failed start for library callers; here the exit message says it, once.
+    plugin_log = logging.getLogger("themis_clip.plugin")
+    plugin_log.addFilter(_not_initialize_failed)
+    try:
+        ok = plugin.initialize(config)
+    finally:
+        plugin_log.removeFilter(_not_initialize_failed)
+    if not ok:
         raise CLIError(f"cannot initialise the model: {plugin.last_error}")
     return plugin
 

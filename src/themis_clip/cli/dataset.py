@@ -26,12 +26,10 @@ def register(sub: Any) -> None:
 
 
 def _cmd_embed_dataset(args: argparse.Namespace) -> int:
-    try:
-        from themis_clip.distributed import embed_dataset
-    except ImportError as exc:
-        raise CLIError(
-            f"needs the ray extra ({exc.name} is missing): pip install 'themis-onnx-clip[ray]'"
-        ) from exc
+    import ray  # noqa: F401 - a missing ray extra: one message at the CLI edge, before any work
+
+    from themis_clip.distributed import embed_dataset
+
     if args.actors < 1:
         raise CLIError("--actors must be >= 1")
     config = config_from(args)

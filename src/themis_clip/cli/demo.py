@@ -8,8 +8,10 @@ from typing import Any
 
 from themis_clip.cli.common import model_args, stamp_of, start_plugin
 from themis_clip.cli.index import _print_hits, _print_report, _query_vector
+from themis_clip.demo.queries import demo_queries
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import VectorIndex
+from themis_clip.preprocess.image import describe_image
 
 
 def register(sub: Any) -> None:
@@ -41,19 +43,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         index_path = str(gallery_dir.parent / "demo-index.db")
         with VectorIndex(index_path) as index:
             report = index_folder(
-                index, gallery_dir, plugin, stamp=stamp_of(plugin), progress=False
+                index,
+                gallery_dir,
+                plugin,
+                stamp=stamp_of(plugin),
+                progress=False,
+                describe=describe_image,
             )
             _print_report(report, index_path)
-            queries = [
-                "a red circle",
-                "a small blue square on the left",
-                "a large yellow star",
-                "a green ring",
-            ]
-            print("\nText -> image (file names carry the truth: colour-shape-size-position):")
+            truth = {str(path.resolve()): scene for path, scene in gallery}
+            queries = demo_queries([scene for _, scene in gallery])
+            print(
+                "\nText -> image (file names carry the truth: colour-shape-size-position; "
+                "each query has right answers in this gallery):"
+            )
+            right = 0
             for query in queries:
-                print(f"\n  {query!r}")
-                _print_hits(index.search(_query_vector(plugin, query, None), 3), indent="  ")
+                answers = sum(query.matches(scene) for _, scene in gallery)
+                print(
+                    f"\n  {query.text!r}  ({answers} right answer{'s' if answers != 1 else ''} "
+                    "in the gallery)"
+                )
+                hits = index.search(_query_vector(plugin, query.text, None), 3)
+                _print_hits(hits, indent="  ")
+                top = truth.get(str(Path(hits[0].path or "").resolve())) if hits else None
+                ok = top is not None and query.matches(top)
+                right += ok
+                print(f"  top hit: {'right' if ok else 'WRONG'}")
+            print(f"\n{right} of {len(queries)} top hits right")
             probe = gallery[0][0]
             print(f"\nImage -> image, query {probe.name}:")
             _print_hits(index.search(_query_vector(plugin, None, str(probe)), 4), indent="  ")

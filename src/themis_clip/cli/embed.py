@@ -11,10 +11,14 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from themis_clip.cli.common import CLIError, model_args, start_plugin
+from themis_clip.cli.common import CLIError, model_args, stamp_of, start_plugin
+from themis_clip.errors import TextInputError
 from themis_clip.files import walk_images
 from themis_clip.interface import EmbeddingResult
 from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.preprocess.text import check_language
+
+_OUTPUT_SUFFIXES = (".npy", ".jsonl")
 
 
 def register(sub: Any) -> None:
@@ -42,10 +46,26 @@ def register(sub: Any) -> None:
 def _cmd_embed(args: argparse.Namespace) -> int:
     if not args.files and not args.text:
         raise CLIError("nothing to embed: give image files/folders or --text")
+    if args.output and Path(args.output).suffix.lower() not in _OUTPUT_SUFFIXES:
+        raise CLIError(
+            f"-o {args.output}: unknown format {Path(args.output).suffix or '(no suffix)'!r}; "
+            "write .npy (a matrix) or .jsonl (JSON lines)"
+        )
+    if args.language is not None:
+        try:
+            check_language(args.language)
+        except TextInputError as exc:
+            raise CLIError(f"--language: {exc}") from exc
     files = list(_expand(args.files))
     if args.files and not files:
         raise CLIError("no image files found in the given paths")
     plugin = start_plugin(args)
+    if args.language is not None and args.text and not plugin.takes_language:
+        print(
+            f"themis-clip: warning: --language {args.language} is ignored: "
+            f"{stamp_of(plugin).name} takes no language code",
+            file=sys.stderr,
+        )
     try:
         names: list[str] = []
         results: list[EmbeddingResult] = []
@@ -139,7 +159,7 @@ def _embed_files(plugin: OnnxClipPlugin, files: Sequence[Path]) -> list[Embeddin
 def _write(
     names: list[str], results: list[EmbeddingResult], output: str | None, *, is_text: list[bool]
 ) -> None:
-    if output and output.endswith(".npy"):
+    if output and output.lower().endswith(".npy"):
         dims = {r.embedding.shape[0] for r in results if r.embedding is not None}
         dim = dims.pop() if dims else 0
         matrix = np.full((len(results), dim), np.nan, dtype=np.float32)

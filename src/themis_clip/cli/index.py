@@ -23,6 +23,7 @@ from themis_clip.cli.common import (
 from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.preprocess.image import describe_image
 
 
 def register(sub: Any) -> None:
@@ -69,12 +70,13 @@ def _cmd_index(args: argparse.Namespace) -> int:
                     stamp=stamp_of(plugin),
                     chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
                     progress=update,
+                    describe=describe_image,
                 )
             _prepare_graph(index)
     finally:
         plugin.shutdown()
     _print_report(report, args.index)
-    return 0
+    return 1 if report.failed else 0  # the rest is indexed; exit 1 says some files were not
 
 
 def _print_report(report: IndexReport, index_path: str) -> None:

@@ -8,24 +8,28 @@ import signal
 import socket
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from themis_clip.cli.common import (
+    DEFAULT_INDEX,
     CLIError,
     config_from,
     graph_settings,
     index_args,
     index_location,
     model_args,
+    start_plugin,
 )
 from themis_clip.errors import ConfigError
+from themis_clip.index.search import VectorIndex
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
-    index_args(p, default=None)
+    index_args(p)
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
     p.add_argument(
         "--allow-pull",
@@ -64,17 +68,21 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    try:
-        import uvicorn
+def _index_path(args: argparse.Namespace) -> str | None:
+    """``index`` and ``search``'s default: ``--index``, the config's ``search.index``, else
+    ``themis-index.db`` where it exists (serving with no index is no error)."""
+    location = index_location(args, default=None)
+    if location is None and Path(DEFAULT_INDEX).is_file():
+        location = DEFAULT_INDEX
+    return location
 
-        from themis_clip.server import ServerSettings, create_app
-        from themis_clip.server.protocol import guarded_h11
-    except ImportError as exc:
-        raise CLIError(
-            f"serving needs the server extra ({exc.name} is missing): "
-            "pip install 'themis-onnx-clip[server]'"
-        ) from exc
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn  # a missing server extra: one message at the CLI edge (cli/extras.py)
+
+    from themis_clip.server import ServerSettings, create_app
+    from themis_clip.server.protocol import guarded_h11
+
     positive = (
         "max_queue",
         "max_queue_delay_ms",
@@ -100,10 +108,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             config = replace(config, preprocess=replace(config.preprocess, **pixels))
         except ConfigError as exc:
             raise CLIError(str(exc).replace("preprocess.", "--").replace("_", "-")) from exc
+    index_path = _index_path(args)
+    search_settings = graph_settings(args)
+    # Start-up work that can fail happens here, before uvicorn: a failure inside its lifespan
+    # is a traceback; here it is one message and exit code 2.
+    if index_path:
+        VectorIndex(index_path, settings=search_settings).close()
+    plugin = start_plugin(args, config)
     settings = ServerSettings(
         plugin_config=config,
-        index_path=index_location(args, default=None),
-        search_settings=graph_settings(args),
+        index_path=index_path,
+        search_settings=search_settings,
         model_root=args.model_root,
         allow_pull=args.allow_pull,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
@@ -130,11 +145,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         sock.bind((args.host, args.port))
     except OSError as exc:
         sock.close()
+        plugin.shutdown()
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     sock.listen(2048)
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings),
+            create_app(settings, plugin=plugin),
             log_level="info" if args.verbose else "warning",
             timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
             http=guarded_h11(settings.header_timeout_s, settings.max_connections),

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -33,12 +34,17 @@ __all__ = [
     "ImageEmbedder",
     "IndexReport",
     "Progress",
+    "file_metadata",
     "index_folder",
     "walk_images",
 ]
 
 #: ``progress(done, total)``: called as embedding proceeds (the CLI draws a bar from it).
 Progress = Callable[[int, int], None]
+
+#: ``describe(path)``: what the caller reads from an image file for its metadata (its size, and
+#: so on): the index never opens images itself (it imports no image code).
+Describe = Callable[[Path], Mapping[str, Any]]
 
 
 class ImageEmbedder(Protocol):
@@ -70,8 +76,39 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
+def _valid_text(name: str) -> str:
+    """A file name as valid Unicode (undecodable bytes in names become "?")."""
+    return name.encode("utf-8", "replace").decode("utf-8")
+
+
+def file_metadata(
+    path: Path, st: os.stat_result, root: Path, describe: Describe | None = None
+) -> dict[str, Any]:
+    """What ``--filter`` and the page's facets can use for a file: its folder (relative to the
+    indexed folder, ``.`` at the top), name, size in bytes, modification time (ISO 8601, UTC)
+    and what ``describe`` reads from the image (the CLI's: width and height in pixels)."""
+    try:
+        where = path.parent.relative_to(root).as_posix()
+    except ValueError:  # not under the root (a link walked out of it): the folder's name
+        where = path.parent.name
+    meta: dict[str, Any] = {
+        "folder": _valid_text(where),
+        "name": _valid_text(path.name),
+        "size": st.st_size,
+        "mtime": datetime.fromtimestamp(st.st_mtime, UTC).isoformat(timespec="seconds"),
+    }
+    if describe is not None:
+        meta.update(describe(path))
+    return meta
+
+
 def _row(
-    path: Path, st: os.stat_result, digest: str | None, vector: npt.NDArray[np.float32]
+    path: Path,
+    st: os.stat_result,
+    digest: str | None,
+    vector: npt.NDArray[np.float32],
+    root: Path,
+    describe: Describe | None,
 ) -> ItemRow:
     """A file's row: keyed by its path, with what the next run needs to skip it unchanged."""
     return ItemRow(
@@ -81,6 +118,7 @@ def _row(
         mtime_ns=st.st_mtime_ns,
         sha256=digest,
         vector=vector,
+        metadata=file_metadata(path, st, root, describe),
     )
 
 
@@ -92,11 +130,14 @@ def index_folder(
     stamp: ModelIdentity,
     chunk: int = 128,
     progress: Progress | bool | None = None,
+    describe: Describe | None = None,
 ) -> IndexReport:
     """Bring ``index`` up to date with the images under ``folder``.
 
     ``progress(done, total)`` is called after every committed chunk of embeddings (library
-    code draws nothing; a bool is accepted as "no callback" for older callers).
+    code draws nothing; a bool is accepted as "no callback" for older callers). ``describe(path)``
+    adds what the caller reads from each image to its metadata (``preprocess.image.describe_image``
+    is the CLI's).
     """
     report_progress = progress if callable(progress) else None
     t0 = time.perf_counter()
@@ -137,11 +178,14 @@ def index_folder(
                 moved.key, str(path), path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns
             )
             vanished.discard(moved.path or "")
+            vector = store.vector(str(path))
+            if vector is not None:  # the moved row's metadata names its new folder and name
+                store.upsert([_row(path, st, digest, vector, folder, describe)], dim=stamp.dim)
             report.renamed += 1
         elif same and str(path) not in known:
             vector = store.vector(same[0].key)
             assert vector is not None
-            store.upsert([_row(path, st, digest, vector)], dim=stamp.dim)
+            store.upsert([_row(path, st, digest, vector, folder, describe)], dim=stamp.dim)
             report.duplicates += 1
         else:
             to_embed.append((path, st, digest))
@@ -153,7 +197,7 @@ def index_folder(
         rows, failed_rows = [], []
         for (path, st, digest), r in zip(part, results, strict=True):
             if r.ok and r.embedding is not None:
-                rows.append(_row(path, st, digest, r.embedding))
+                rows.append(_row(path, st, digest, r.embedding, folder, describe))
                 if str(path) in known:
                     report.updated += 1
                 else:

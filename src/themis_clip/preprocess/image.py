@@ -65,6 +65,7 @@ from themis_clip.vocabulary import (
 __all__ = [
     "ImagePreprocessor",
     "decode_image",
+    "image_dimensions",
     "make_thumbnail",
     "preprocess_image",
     "readable_formats",
@@ -256,6 +257,26 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+
+def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(width, height)`` from an image file's header (no pixels decoded); None if unreadable.
+
+    The stored size, before any EXIF orientation is applied.
+    """
+    try:
+        with open(path, "rb") as fp, _open(fp, str(path)) as img:
+            width, height = img.size
+    except (InputError, OSError):
+        return None
+    return int(width), int(height)
+
+
+def describe_image(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An image file's metadata for an index (``index_folder``'s ``describe``): ``width`` and
+    ``height`` from its header, absent when the header cannot be read."""
+    size = image_dimensions(path)
+    return {} if size is None else {"width": size[0], "height": size[1]}
 
 
 def readable_formats() -> tuple[str, ...]:

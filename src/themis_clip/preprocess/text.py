@@ -35,6 +35,7 @@ __all__ = [
     "HFTokenizer",
     "TokenBatch",
     "canonicalize",
+    "check_language",
     "make_tokenizer",
     "openai_clean",
     "pad_id_from_config",
@@ -97,8 +98,10 @@ class CLIPTokenizer:
         """Tokenise ``texts`` (``language`` is accepted and unused: CLIP takes no prefix).
 
         Raises:
-            TextInputError: an input is not a ``str``.
+            TextInputError: an input is not a ``str``; a language code is malformed.
         """
+        if language is not None:
+            check_language(language)
         cleaned: list[str] = []
         cut: list[bool] = []
         for i, text in enumerate(texts):
@@ -167,6 +170,8 @@ class HFTokenizer:
     def prefix_for(self, language: str | None) -> str:
         """The text glued in front of every input (a Flores-200 code), or ``""``."""
         if self.spec.language_prefix is None:
+            if language is not None:
+                check_language(language)
             return ""
         code = language or self.spec.default_language
         if code is None:
@@ -174,11 +179,7 @@ class HFTokenizer:
                 "this model needs a language code (Flores-200, e.g. 'eng_Latn', 'deu_Latn', "
                 "'zho_Hans'): pass language=... (the model declares no default)"
             )
-        if not _FLORES.fullmatch(code):
-            raise TextInputError(
-                f"language {code[:40]!r} is not a Flores-200 code like 'eng_Latn' "
-                "(three lower-case letters, '_', a four-letter script)"
-            )
+        check_language(code)
         return code
 
     def encode_batch(self, texts: Sequence[str], language: str | None = None) -> TokenBatch:
@@ -323,6 +324,21 @@ def pad_id_from_config(config: Path, tokenizer: Any) -> int:
 
 _NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _FLORES = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
+
+
+def check_language(code: str) -> None:
+    """Refuse a malformed language code, whether or not the model takes one.
+
+    Raises:
+        TextInputError: ``code`` is not shaped like a Flores-200 code (``eng_Latn``).
+    """
+    if not _FLORES.fullmatch(code):
+        raise TextInputError(
+            f"language {code[:40]!r} is not a Flores-200 code like 'eng_Latn' "
+            "(three lower-case letters, '_', a four-letter script)"
+        )
+
+
 _CLEANERS: dict[TextCleaning, Callable[[str], str]] = {
     TextCleaning.OPENAI: openai_clean,
     TextCleaning.CANONICALIZE: canonicalize,

@@ -48,7 +48,13 @@ class APIError(Exception):
     """An error answered as is: status, type name, message, optional headers."""
 
     def __init__(
-        self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        fields: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.error_type, self.message, self.headers = (
@@ -57,6 +63,7 @@ class APIError(Exception):
             message,
             headers,
         )
+        self.fields = fields or {}  # more keys of the error object (OpenAI's code and param)
 
 
 # The one table: most specific first. A ConfigError reaching a client is about what the
@@ -103,11 +110,14 @@ def retry_headers(status: int) -> dict[str, str] | None:
 
 
 def error_response(
-    status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+    status: int,
+    error_type: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"type": error_type, "message": message}}, status_code=status, headers=headers
-    )
+    body = {"type": error_type, "message": message, **(fields or {})}
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def validation_message(errors: list[Any]) -> tuple[int, str, str]:
@@ -131,7 +141,7 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, request_timeout_s: fl
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         metrics.errors.labels(route_of(request), exc.error_type).inc()
-        return error_response(exc.status, exc.error_type, exc.message, exc.headers)
+        return error_response(exc.status, exc.error_type, exc.message, exc.headers, exc.fields)
 
     @app.exception_handler(ThemisClipError)
     async def themis_error(request: Request, exc: ThemisClipError) -> JSONResponse:

@@ -23,12 +23,23 @@ class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's ``/v1/embeddings`` body, plus infinity's ``modality`` for images."""
 
     model_config = ConfigDict(extra="ignore")
-    input: str | list[str] = Field(
-        description="texts, or images as data URLs when modality is image"
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="texts and images (data:image/...;base64, URLs are images); token-id "
+        "arrays are refused (CLIP tokenises text itself)"
     )
-    model: str | None = None
+    model: str | None = Field(
+        default=None, description="the served model's id, name or repo id (else 404)"
+    )
     encoding_format: Literal["float", "base64"] = "float"
-    modality: Literal["text", "image"] = "text"
+    modality: Literal["text", "image"] | None = Field(
+        default=None,
+        description="every input is this (image: data URLs or bare base64); default: "
+        "data:image/ URLs are images, the rest text",
+    )
+    truncate: bool = Field(
+        default=True,
+        description="cut texts over the context length (each item says so); false: 422",
+    )
     user: str | None = None
     dimensions: int | None = Field(
         default=None, ge=1, description="must equal the model's dimension (CLIP cannot shorten)"

@@ -40,6 +40,8 @@ class AppState:
     index_lock: threading.Lock = field(default_factory=threading.Lock)
     image_batcher: MicroBatcher[bytes, EmbeddingResult] | None = None
     text_batcher: MicroBatcher[tuple[str, str | None], EmbeddingResult] | None = None
+    #: (model id, index write version) → the weak-match line measured there (server/weak.py)
+    weak_lines: dict[tuple[str, int], Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)
 

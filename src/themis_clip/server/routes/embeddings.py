@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 
+from themis_clip import jsonio
+from themis_clip.interface import EmbeddingResult
 from themis_clip.models import hub
+from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import decode_image_fields, raise_for, vector
@@ -17,6 +21,52 @@ from themis_clip.server.state import AppState, StateDep
 router = APIRouter(route_class=PreparsedJSONRoute)
 
 MAX_INPUTS = 2048
+
+
+def _declared_repo(manifest: Path | None) -> str | None:
+    """The ``repo`` a model's manifest declares (its hub repo id), if any."""
+    if manifest is None:
+        return None
+    try:
+        data = jsonio.loads(manifest.read_bytes())
+    except (OSError, ValueError):
+        return None
+    repo = data.get("repo") if isinstance(data, dict) else None
+    return repo if isinstance(repo, str) and repo else None
+
+
+def served_model_names(plugin: OnnxClipPlugin) -> set[str]:
+    """Every ``model`` value a request may name: the served model's id, its name, the repo id
+    its manifest declares, and, for a model served by name, its catalogue name and Hub repo
+    (the one place that decides which names are this model's)."""
+    identity = plugin.model_identity
+    assert identity is not None
+    names = {identity.model_id, identity.name}
+    source = hub.describe(plugin.config.model.path) if plugin.config else None
+    if source is not None:
+        names |= {v for k in ("catalogue_name", "repo") if isinstance(v := source.get(k), str)}
+    spec = plugin.model_spec
+    if spec is not None:
+        names.add(spec.name)
+        repo = _declared_repo(spec.manifest_path)
+        if repo:
+            names.add(repo)
+    return names
+
+
+def _require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
+    """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve."""
+    if model is None or model in served_model_names(plugin):
+        return
+    identity = plugin.model_identity
+    assert identity is not None
+    raise APIError(
+        404,
+        "ModelNotFound",
+        f"the model {model[:200]!r} does not exist on this server; it serves "
+        f"{identity.model_id!r} (also accepted: {identity.name!r})",
+        fields={"param": "model", "code": "model_not_found"},
+    )
 
 
 def _model_card(state: AppState) -> dict[str, Any]:
@@ -46,22 +96,68 @@ async def list_models(state: StateDep) -> dict[str, Any]:
 
 @router.get("/v1/models/{model:path}")
 async def get_model(model: str, state: StateDep) -> dict[str, Any]:
-    card = _model_card(state)
-    source = card["source"] or {}
-    if model not in (card["id"], card["name"], source.get("catalogue_name"), source.get("repo")):
-        raise APIError(404, "ModelNotFound", f"no model {model!r}; this server serves {card['id']}")
-    return card
+    _require_model(model, state.require_ready())
+    return _model_card(state)
+
+
+def is_image_url(value: str) -> bool:
+    """An input that is a ``data:image/...;base64,`` URL is an image, whatever the modality."""
+    head = value[:256].lstrip().lower()  # the header: a MIME type and its parameters
+    return head.startswith("data:image/") and ";base64," in head
+
+
+def _token_arrays() -> APIError:
+    return APIError(
+        422,
+        "ValidationError",
+        "input: token-id arrays are not accepted: CLIP tokenises text itself, so send the "
+        "texts as strings (langchain-openai: OpenAIEmbeddings(check_embedding_ctx_length=False))",
+    )
+
+
+def _inputs(body: OpenAIEmbeddingsRequest) -> list[str]:
+    raw = [body.input] if isinstance(body.input, str) else list(body.input)
+    if not raw:
+        raise APIError(422, "ValidationError", "input: at least one item is required")
+    if len(raw) > MAX_INPUTS:
+        raise APIError(422, "ValidationError", f"input: at most {MAX_INPUTS} items")
+    if not all(isinstance(x, str) for x in raw):
+        raise _token_arrays()
+    return [x for x in raw if isinstance(x, str)]
+
+
+def _is_image(inputs: list[str], modality: str | None) -> list[bool]:
+    images = [is_image_url(x) for x in inputs]
+    if modality == "text" and any(images):
+        i = images.index(True)
+        raise APIError(
+            422,
+            "ValidationError",
+            f"input[{i}] is an image data URL but modality is 'text' (omit modality: "
+            "data:image/ URLs are embedded as images)",
+        )
+    if modality == "image":
+        for i, x in enumerate(inputs):
+            if not images[i] and " " in x.strip():  # base64 has no spaces; words do
+                raise APIError(
+                    422,
+                    "ValidationError",
+                    f"input[{i}] is text but modality is 'image' (images are data:image/ "
+                    "URLs or base64; omit modality to embed texts and images together)",
+                )
+        return [True] * len(inputs)
+    return images
 
 
 @router.post("/v1/embeddings")
-async def openai_embeddings(body: OpenAIEmbeddingsRequest, state: StateDep) -> dict[str, Any]:
-    inputs = [body.input] if isinstance(body.input, str) else body.input
-    if not inputs:
-        raise APIError(422, "ValidationError", "input: at least one item is required")
-    if len(inputs) > MAX_INPUTS:
-        raise APIError(422, "ValidationError", f"input: at most {MAX_INPUTS} items")
+async def openai_embeddings(
+    body: OpenAIEmbeddingsRequest, state: StateDep, response: Response
+) -> dict[str, Any]:
+    inputs = _inputs(body)
+    plugin = state.require_ready()
+    _require_model(body.model, plugin)
     if body.dimensions is not None:
-        identity = state.require_ready().model_identity
+        identity = plugin.model_identity
         dim = identity.embedding_dim if identity else None
         if body.dimensions != dim:
             raise APIError(
@@ -70,28 +166,60 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, state: StateDep) -> d
                 f"dimensions: this model's embeddings have {dim} dimensions; CLIP embeddings "
                 "cannot be shortened (omit 'dimensions' or pass it unchanged)",
             )
-    if body.modality == "image":
-        results = await state.embed_images(await decode_image_fields(list(inputs)))
-    else:
-        results = await state.embed_texts(list(inputs), body.language)
-    for i, r in enumerate(results):
+    images = _is_image(inputs, body.modality)
+    image_at = [i for i, img in enumerate(images) if img]
+    text_at = [i for i, img in enumerate(images) if not img]
+    results: list[EmbeddingResult | None] = [None] * len(inputs)
+    if image_at:
+        decoded = await decode_image_fields([inputs[i] for i in image_at])
+        for i, r in zip(image_at, await state.embed_images(decoded), strict=True):
+            results[i] = r
+    if text_at:
+        texts = [inputs[i] for i in text_at]
+        for i, r in zip(text_at, await state.embed_texts(texts, body.language), strict=True):
+            results[i] = r
+    done = [r for r in results if r is not None]
+    for i, r in enumerate(done):
         raise_for(r, f"input[{i}]")
+    if len({r.model_id for r in done}) > 1:
+        raise APIError(
+            503,
+            "ModelSwapped",
+            "the model was swapped during the request; retry",
+            {"Retry-After": "1"},
+        )
+    spec = plugin.model_spec
+    context = spec.context_length if spec is not None else 0
+    cut = [i for i, r in enumerate(done) if r.truncated]
+    if cut and not body.truncate:
+        raise APIError(
+            422,
+            "TextTooLong",
+            f"input[{cut[0]}] is longer than the model's context of {context} tokens "
+            '(send "truncate": true to embed its first tokens)',
+        )
     rows = []
-    for i, r in enumerate(results):
+    for i, r in enumerate(done):
         assert r.embedding is not None
         value: Any = (
             base64.b64encode(r.embedding.astype("<f4").tobytes()).decode()
             if body.encoding_format == "base64"
             else vector(r)
         )
-        rows.append({"object": "embedding", "index": i, "embedding": value})
-    tokens = sum(r.tokens or 0 for r in results)  # token positions the text tower ran
-    return {
+        rows.append(
+            {"object": "embedding", "index": i, "embedding": value, "truncated": r.truncated}
+        )
+    response.headers["X-Truncated-Inputs"] = str(len(cut))
+    tokens = sum(r.tokens or 0 for r in done)  # token positions the text tower ran
+    out: dict[str, Any] = {
         "object": "list",
         "data": rows,
-        "model": results[0].model_id,
+        "model": done[0].model_id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+    if body.language is not None and text_at and not plugin.takes_language:
+        out["language_ignored"] = True
+    return out
 
 
 @router.post("/embed/image")
@@ -127,8 +255,11 @@ async def embed_text(body: TextRequest, state: StateDep) -> dict[str, Any]:
     results = await state.embed_texts(texts, body.language)
     for i, r in enumerate(results):
         raise_for(r, f"texts[{i}]")
-    return {
+    out: dict[str, Any] = {
         "embeddings": [vector(r) for r in results],
         "truncated": [r.truncated for r in results],
         "model_id": results[0].model_id,
     }
+    if body.language is not None and not state.plugin.takes_language:
+        out["language_ignored"] = True
+    return out

@@ -20,8 +20,13 @@ from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
+from themis_clip.server.weak import WeakLine, measure_weak_line, random_texts
+from themis_clip.vocabulary import ModelIdentity
 
 router = APIRouter(route_class=PreparsedJSONRoute)
+
+#: above this many items no weak-match line is measured (see server/weak.py)
+MAX_MEASURED_ITEMS = 200_000
 
 
 @router.post("/index/items")
@@ -86,10 +91,11 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
 
         def like() -> tuple[list[Any], str, str]:
             stamp = idx.stamp
-            try:
-                hits = idx.search_like(item_key, body.k, body.filters)
+            try:  # "more like this": the item itself is no answer
+                hits = idx.search_like(item_key, body.k + 1, body.filters)
             except KeyError:
                 raise APIError(404, "NotFound", f"no item {item_key!r}") from None
+            hits = [h for h in hits if h.key != item_key][: body.k]
             return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
 
         hits, mode, space = await asyncio.to_thread(like)
@@ -128,7 +134,41 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         return idx.search(query, body.k, body.filters), idx.mode
 
     hits, mode = await asyncio.to_thread(run)
-    return _results(hits, mode, current.model_id)
+    out = _results(hits, mode, current.model_id)
+    if body.text is not None:  # text → image: say where scores stop meaning a match
+        line = await _weak_line(state, current)
+        if line is not None:
+            out["weak_below"] = line.score
+            out["weak_basis"] = line.describe()
+    return out
+
+
+async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None:
+    """The weak-match line of this model on this index (server/weak.py), cached per version."""
+    idx = state.require_index()
+
+    def version() -> int:
+        return idx.store.write_version
+
+    key = (current.model_id, await asyncio.to_thread(version))
+    if key in state.weak_lines:
+        line: WeakLine | None = state.weak_lines[key]
+        return line
+    texts = await state.embed_texts(random_texts())
+    if not all(r.ok and r.model_id == current.model_id for r in texts):
+        return None
+    text_vectors = np.stack([r.embedding for r in texts if r.embedding is not None])
+
+    def measure() -> WeakLine | None:
+        if idx.store.count() > MAX_MEASURED_ITEMS:
+            return None  # loading every vector to sample them would cost more than it tells
+        _, vectors = idx.store.load_vectors(current.dim)
+        return measure_weak_line(text_vectors, vectors)
+
+    line = await asyncio.to_thread(measure)
+    state.weak_lines.clear()  # one line is kept: this model's, on this version of the index
+    state.weak_lines[key] = line
+    return line
 
 
 def _results(hits: list[Any], mode: str, model_id: str) -> dict[str, Any]:

@@ -49,9 +49,8 @@ async function api(path, body) {
 // What happened, and what to do about it.
 function explain(error) {
   switch (error.status) {
-    case 409:
-      return error.message + ' The index was built with another model: re-index with the ' +
-        'model this server runs (themis-clip index DIR --index NEW_PATH), or serve the old model.';
+    case 409:  // the server's message names the fix (re-index, or serve the old model): once
+      return error.message;
     case 404:
       if (error.type === 'NoIndex') {
         return 'This server has no index. Build one with "themis-clip index DIR --index PATH" ' +
@@ -84,6 +83,8 @@ function nameOf(hit) {
   return name || String(hit.id);
 }
 
+let indexSize = null;  // items in the index, as loadInfo last read it (null: unknown)
+
 async function loadInfo() {
   const parts = [];
   const [models, index] = await Promise.allSettled([api('/v1/models'), api('/index/info')]);
@@ -94,6 +95,7 @@ async function loadInfo() {
   }
   if (index.status === 'fulfilled') {
     const info = index.value;
+    indexSize = info.items;
     parts.push(info.items + (info.items === 1 ? ' item' : ' items'));
     parts.push(info.mode === 'exact' ? 'exact search' : 'graph search (HNSW)');
     if (!info.comparable) {
@@ -168,9 +170,21 @@ async function run(reset) {
   }
 }
 
+// A divider above the first hit that scores below what random text reaches on this index
+// (the server measures the line per model: weak_below, weak_basis).
+function weakDivider(data) {
+  const divider = document.createElement('li');
+  divider.className = 'weak-divider';
+  divider.textContent = 'Weak matches below: scores under ' + data.weak_below.toFixed(3) +
+    ' are what random text reaches on this index (' + data.weak_basis + ').';
+  return divider;
+}
+
 function render(data) {
   const list = $('results');
   list.replaceChildren();
+  const weakAt = typeof data.weak_below === 'number' ?
+    data.results.findIndex((hit) => hit.score < data.weak_below) : -1;
   data.results.forEach((hit, i) => {
     const item = document.createElement('li');
     const figure = document.createElement('figure');
@@ -194,18 +208,26 @@ function render(data) {
     const name = document.createElement('span');
     name.className = 'name';
     name.textContent = nameOf(hit);
+    name.title = nameOf(hit);  // cut with an ellipsis in the card; the whole name on hover
     caption.append(score, ' ', name);
     figure.append(card, caption);
     item.append(figure);
+    if (weakAt === i) list.append(weakDivider(data));
     list.append(item);
   });
   const n = data.results.length;
-  if (n === 0) {
+  const weak = weakAt < 0 ? 0 : n - weakAt;
+  if (n === 0 && indexSize === 0) {
+    setStatus('The index is empty: there is nothing to search yet. Add pictures with ' +
+      '"themis-clip index DIR --index PATH" or POST /index/items.', 'empty');
+  } else if (n === 0) {
     setStatus('No results for ' + state.label + '. ' + (Object.keys(state.filters).length ?
       'Try removing a filter.' : 'Try other words or another picture.'), 'empty');
   } else {
     setStatus(n + (n === 1 ? ' result' : ' results') + ' for ' + state.label + ' · ' +
-      (data.mode === 'exact' ? 'exact' : 'graph') + ' search · ' + data.model_id, '');
+      (data.mode === 'exact' ? 'exact' : 'graph') + ' search · ' + data.model_id +
+      (weak === n ? ' · no good match: every result is weak' : weak ? ' · ' + weak + ' weak' : ''),
+      '');
   }
   $('more').hidden = !(n >= state.k && state.k < MAX_K);
 }
@@ -228,6 +250,7 @@ function searchFile(file) {
   reader.onerror = () => setStatus('Cannot read “' + file.name + '”.', 'error');
   reader.onload = () => {
     showQueryImage(URL.createObjectURL(file), file.name || 'pasted image');
+    $('q').value = '';  // the box shows the query: now a picture, not the old text
     state.query = {image: reader.result};
     state.label = 'the picture ' + (file.name ? '“' + file.name + '”' : '');
     run(true);
@@ -253,6 +276,7 @@ function clearImage() {
 function moreLikeThis(hit) {
   $('viewer').close();
   showQueryImage(hit.thumbnail, '“' + nameOf(hit) + '” (more like this)');
+  $('q').value = '';  // the box shows the query: now a picture, not the old text
   state.query = {item: hit.id};
   state.label = 'pictures like “' + nameOf(hit) + '”';
   run(true);
@@ -292,6 +316,7 @@ function openViewer(i) {
   $('v-path').textContent = String(hit.path || hit.id);
   metadataRows(hit.metadata);
   $('v-probs').replaceChildren();
+  $('v-probs-note').hidden = true;
   $('v-prev').disabled = i === 0;
   $('v-next').disabled = i === state.hits.length - 1;
   $('v-labels-form').hidden = !state.classify;
@@ -305,20 +330,31 @@ async function classify(event) {
   const labels = $('v-labels').value.split(',').map((s) => s.trim()).filter(Boolean);
   const list = $('v-probs');
   list.replaceChildren();
+  $('v-probs-note').hidden = true;
   if (!hit || !labels.length) return;
   try {
     const data = await api('/v1/classify', {item: hit.id, labels: labels});
     for (const row of data.labels) {
       const item = document.createElement('li');
       const text = document.createElement('span');
+      // The probability is relative to these labels only (it always sums to 100 %); the
+      // cosine is the raw match, low for every label when none fits.
       text.textContent = row.label + ': ' + (100 * row.probability).toFixed(1) + '%';
+      const cosine = document.createElement('small');
+      cosine.className = 'cosine';
+      cosine.textContent = 'cosine ' + row.cosine.toFixed(3);
       const bar = document.createElement('progress');
       bar.max = 1;
       bar.value = row.probability;
       bar.setAttribute('aria-label', row.label);
-      item.append(text, bar);
+      item.append(text, bar, cosine);
       list.append(item);
     }
+    const note = $('v-probs-note');
+    note.hidden = false;
+    note.textContent = (data.scoring === 'softmax' ? 'Probabilities are shared out among ' +
+      'these labels only, so one always looks likely;' : 'Each label is scored on its own;') +
+      ' a low cosine for every label means none fits.';
   } catch (error) {
     const item = document.createElement('li');
     item.textContent = explain(error);

@@ -1,0 +1,77 @@
+"""``GET /docs``: the Swagger UI, served from the package, offline, under the page's CSP.
+
+FastAPI's own ``/docs`` loads Swagger UI from a CDN (a blank page offline) and starts it with an
+inline script (refused by a strict Content-Security-Policy). Here the page is static HTML, the
+Swagger UI bundle and stylesheet (Swagger UI is Apache-2.0) come from ``fastapi-offline`` (MIT),
+a maintained package that ships them, and the start-up is ``static/docs.js``: all from this
+origin, under :data:`~themis_clip.server.page.SECURITY_HEADERS`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from themis_clip.server.errors import APIError
+from themis_clip.server.page import SECURITY_HEADERS
+
+router = APIRouter()
+
+_HTML = b"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>themis-clip API</title>
+<link rel="stylesheet" href="/docs/assets/swagger-ui.css">
+<script src="/docs/assets/swagger-ui-bundle.js" defer></script>
+<script src="/docs/assets/docs.js" defer></script>
+</head>
+<body>
+<main id="swagger-ui"></main>
+</body>
+</html>
+"""
+
+#: name → (package, media type): the only files ``/docs/assets/`` serves
+_ASSETS = {
+    "swagger-ui-bundle.js": ("fastapi_offline", "text/javascript; charset=utf-8"),
+    "swagger-ui.css": ("fastapi_offline", "text/css; charset=utf-8"),
+    "docs.js": ("themis_clip.server", "text/javascript; charset=utf-8"),
+}
+
+
+@cache
+def _read(package: str, name: str) -> bytes:
+    return (resources.files(package) / "static" / name).read_bytes()
+
+
+@router.get("/docs", include_in_schema=False)
+async def docs_page() -> Response:
+    return Response(
+        _HTML,
+        media_type="text/html; charset=utf-8",
+        headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"},
+    )
+
+
+@router.get("/docs/assets/{name}", include_in_schema=False)
+async def docs_asset(name: str) -> Response:
+    if name not in _ASSETS:
+        raise APIError(404, "NotFound", f"no asset {name[:100]!r}")
+    package, media_type = _ASSETS[name]
+    try:
+        data = _read(package, name)
+    except (ModuleNotFoundError, FileNotFoundError):
+        raise APIError(
+            404,
+            "NotFound",
+            "the API page needs fastapi-offline: pip install 'themis-onnx-clip[server]' "
+            "(the schema is at /openapi.json)",
+        ) from None
+    return Response(
+        data, media_type=media_type, headers={**SECURITY_HEADERS, "Cache-Control": "max-age=3600"}
+    )

@@ -1,0 +1,180 @@
+"""The CLI as a new user meets it (issue 26): exit codes, defaults, single messages, quiet
+exports. Real subprocesses of the installed ``themis-clip`` command."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from tests.helpers import ServerProcess
+
+EXE = str(Path(sys.executable).parent / "themis-clip")
+
+
+def cli(
+    *args: str, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def photos(tmp_path: Path) -> Path:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.new("RGB", (40, 30), (220, 20, 20)).save(folder / "red.png")
+    Image.new("RGB", (30, 40), (20, 20, 220)).save(folder / "blue.jpg")
+    return folder
+
+
+def test_index_exits_1_when_files_were_unreadable(photos: Path, tmp_path: Path) -> None:
+    ok = cli("index", str(photos), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    (photos / "broken.png").write_bytes(b"not a png at all")
+    bad = cli("index", str(photos), cwd=tmp_path)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "1 unreadable" in bad.stdout and "broken.png" in bad.stdout
+
+
+def test_serve_uses_the_index_that_index_wrote(photos: Path, tmp_path: Path) -> None:
+    assert cli("index", str(photos), cwd=tmp_path).returncode == 0
+    assert (tmp_path / "themis-index.db").is_file()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)  # the server starts in the folder `index` ran in, with no --index
+        with ServerProcess(["--no-warmup"]) as s:
+            info = httpx.get(f"{s.base}/index/info", timeout=30)
+    assert info.status_code == 200, info.text
+    assert info.json()["items"] == 2
+
+
+def test_model_errors_are_printed_once(tmp_path: Path) -> None:
+    for command in (["embed", "--text", "a"], ["serve", "--port", "0"]):
+        r = cli(*command, "--model", str(tmp_path / "missing"), timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("model path not found") == 1, r.stderr
+        assert r.stderr.startswith("themis-clip: error: ") and "Traceback" not in r.stderr
+
+
+def test_serve_start_up_failures_are_messages_not_tracebacks(tmp_path: Path) -> None:
+    r = cli("serve", "--port", "0", "--index", "postgresql://u@127.0.0.1:1/db", timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("themis-clip: error: cannot connect to PostgreSQL")
+    assert "Traceback" not in r.stderr
+
+
+def test_embed_refuses_unknown_output_suffixes_and_bad_languages(tmp_path: Path) -> None:
+    r = cli("embed", "--text", "a", "-o", str(tmp_path / "x.txt"))
+    assert r.returncode == 2 and "unknown format '.txt'" in r.stderr
+    assert not (tmp_path / "x.txt").exists()
+    r = cli("embed", "--text", "a", "-o", str(tmp_path / "x.jsonl"))
+    assert r.returncode == 0 and json.loads((tmp_path / "x.jsonl").read_text())["ok"]
+    r = cli("embed", "--text", "a", "--language", "english")
+    assert r.returncode == 2 and "'english' is not a Flores-200 code" in r.stderr
+    r = cli("embed", "--text", "a", "--language", "deu_Latn")
+    assert r.returncode == 0
+    assert "warning: --language deu_Latn is ignored" in r.stderr
+
+
+def test_verify_explains_bad_inputs(tmp_path: Path) -> None:
+    model, ref, other = tmp_path / "model", tmp_path / "ref", tmp_path / "other"
+    for folder in (model, ref, other):
+        folder.mkdir()
+    (model / "manifest.json").write_text('{"embedding_dim": 32}')
+    (ref / "config.json").write_text('{"projection_dim": 32}')
+    (other / "config.json").write_text('{"projection_dim": 16}')
+    cases = [
+        ((str(tmp_path / "nope"), str(ref)), "is not an exported model directory"),
+        ((str(model), str(tmp_path / "nope")), "is not a transformers checkpoint folder"),
+        ((str(model), str(other)), "makes 32-d embeddings but the reference"),
+    ]
+    for (m, r_), message in cases:
+        r = cli("verify", m, "--reference", r_)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_export_is_quiet_but_keeps_real_warnings(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from themis_clip.export.hf import create_random_checkpoint
+    from themis_clip.export.tokenizer import build_clip_tokenizer
+
+    build_clip_tokenizer(tmp_path / "tokenizer.json")
+    checkpoint = create_random_checkpoint(
+        tmp_path / "tiny", tmp_path / "tokenizer.json", image_size=32, patch=8, seed=1
+    )
+    r = cli("export", str(checkpoint), str(tmp_path / "out"), "--precision", "fp32,int8")
+    assert r.returncode == 0, r.stderr
+    for noise in ("torchvision", "requires_grad", "pre-processing", "detach()"):
+        assert noise not in r.stderr, r.stderr
+    assert "calibrated on the built-in synthetic set" in r.stderr  # a real warning stays
+    v = cli("verify", str(tmp_path / "out"), "--reference", str(checkpoint))
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert "torchvision" not in v.stderr and "requires_grad" not in v.stderr
+
+
+def test_a_folder_index_stores_file_metadata_for_filters(photos: Path, tmp_path: Path) -> None:
+    (photos / "trips" / "rome").mkdir(parents=True)
+    Image.new("RGB", (50, 20), (20, 200, 20)).save(photos / "trips" / "rome" / "green.png")
+    assert cli("index", str(photos), cwd=tmp_path).returncode == 0
+
+    def hits(*args: str) -> list[dict[str, object]]:
+        r = cli("search", "a green square", "--json", "-k", "10", *args, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        found: list[dict[str, object]] = json.loads(r.stdout)
+        return found
+
+    by_name = {h["metadata"]["name"]: h["metadata"] for h in hits()}  # type: ignore[index]
+    assert set(by_name) == {"red.png", "blue.jpg", "green.png"}
+    green = by_name["green.png"]
+    assert green["folder"] == "trips/rome" and by_name["red.png"]["folder"] == "."
+    assert (green["width"], green["height"]) == (50, 20)
+    st = (photos / "trips" / "rome" / "green.png").stat()
+    assert green["size"] == st.st_size and str(green["mtime"]).endswith("+00:00")
+    only = hits("--filter", "folder=trips/rome")
+    assert [h["metadata"]["name"] for h in only] == ["green.png"]  # type: ignore[index]
+    assert [h["metadata"]["name"] for h in hits("--filter", "width=30")] == ["blue.jpg"]  # type: ignore[index]
+    # A rename moves the row without re-embedding; its metadata follows the new name.
+    (photos / "red.png").rename(photos / "trips" / "crimson.png")
+    r = cli("index", str(photos), cwd=tmp_path)
+    assert "1 renamed" in r.stdout, r.stdout
+    moved = [h["metadata"] for h in hits() if h["metadata"]["name"] == "crimson.png"]  # type: ignore[index]
+    assert moved and moved[0]["folder"] == "trips"  # type: ignore[index]
+
+
+def test_classify_shows_the_raw_cosine(tmp_path: Path) -> None:
+    from themis_clip.demo.scenes import Scene, render_scene
+
+    render_scene(Scene(shape="circle", colour="red")).save(tmp_path / "circle.png")
+    r = cli("classify", str(tmp_path / "circle.png"), "--labels", "car,dog,tree")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if "%" in line]
+    assert len(rows) == 3 and all(" cosine " in row for row in rows), r.stdout
+    assert "none fits" in r.stdout
+    j = cli("classify", str(tmp_path / "circle.png"), "--labels", "car,dog", "--json")
+    labels = json.loads(j.stdout)["labels"]
+    assert all(isinstance(x["cosine"], float) and -1 <= x["cosine"] <= 1 for x in labels)
+
+
+def test_the_demo_asks_what_its_gallery_holds_and_judges_each_top_hit(tmp_path: Path) -> None:
+    r = cli("demo", "--count", "30", "--gallery", str(tmp_path / "g"))
+    assert r.returncode == 0, r.stderr
+    names = [p.name for p in (tmp_path / "g").iterdir()]
+    queries = re.findall(
+        r"^  '(a [^']+)'  \((\d+) right answers? in the gallery\)$", r.stdout, re.M
+    )
+    verdicts = re.findall(r"^  top hit: (right|WRONG)$", r.stdout, re.M)
+    assert len(queries) == 4 and len(verdicts) == 4, r.stdout
+    for text, count in queries:
+        words = text.removeprefix("a ").split()
+        colour, shape = [w for w in words if w not in ("small", "large")][:2]
+        matching = [n for n in names if f"-{colour}-{shape}-" in n]
+        assert int(count) >= 1 and matching, (text, names)
+    right = verdicts.count("right")
+    assert f"{right} of 4 top hits right" in r.stdout
