@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from PIL import Image
 
@@ -169,3 +170,25 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def err(r: httpx.Response, status: int, kind: str | None = None) -> str:
+    """The message of a documented JSON error answer, after checking its status and type."""
+    assert r.status_code == status, (r.status_code, r.text[:500])
+    body = r.json()  # always the documented JSON error
+    if kind is not None:
+        assert body["error"]["type"] == kind, body
+    return str(body["error"]["message"])
+
+
+def hwm_mb(pid: int) -> int:
+    """A process's peak resident memory (VmHWM) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no VmHWM")
+
+
+def reset_hwm(pid: int) -> None:
+    """Reset a process's peak resident memory to its current size."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.helpers import ServerProcess, encode, photo_like
+from tests.helpers import ServerProcess, encode, err, hwm_mb, photo_like, reset_hwm
 from themis_clip import demo_model_path
 
 TOKEN = "s3cret-token"
@@ -34,14 +34,6 @@ def png(seed: int = 0, size: tuple[int, int] = (48, 40)) -> bytes:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
-
-
-def err(r: httpx.Response, status: int, kind: str | None = None) -> str:
-    assert r.status_code == status, (r.status_code, r.text[:500])
-    body = r.json()  # always the documented JSON error
-    if kind is not None:
-        assert body["error"]["type"] == kind, body
-    return str(body["error"]["message"])
 
 
 def raw(port: int, data: bytes, *, timeout: float = 15.0) -> bytes:
@@ -79,17 +71,6 @@ def read_response(s: socket.socket) -> bytes:
 
 def port_of(server: ServerProcess) -> int:
     return int(server.base.rsplit(":", 1)[1])
-
-
-def hwm_mb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM"):
-            return int(line.split()[1]) // 1024
-    raise AssertionError("no VmHWM")
-
-
-def reset_hwm(pid: int) -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import ServerProcess, encode, photo_like
+from tests.helpers import ServerProcess, encode, err, hwm_mb, photo_like, reset_hwm
 from tests.hostile_decode import (
     ico_with_png,
     many_scan_jpeg,
@@ -27,7 +27,6 @@ from tests.hostile_decode import (
     png_of_zero_rows,
     tiff_with_strips,
 )
-from tests.integration.test_hostile_http import err, hwm_mb, reset_hwm
 from themis_clip import demo_model_path
 
 TOKEN = "round2-token"
