@@ -205,11 +205,6 @@ def folder_filter_lines() -> list[str]:
     return [line for _, line in cli_lines([README, ROOT / "docs" / "cli.md"]) if "--filter" in line]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="folder indexes record `folder` metadata in another branch (issue 26); "
-    "until it is merged a filter on `folder` names a key no item has",
-)
 def test_folder_filter_example_works_on_a_folder_index(tmp_path: Path) -> None:
     write_images(tmp_path)
     lines = folder_filter_lines()
