@@ -7,12 +7,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from themis_clip.server.access import SEARCH
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
 from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
 
-router = APIRouter()
+router = APIRouter(dependencies=[SEARCH])
 
 
 @router.post("/v1/classify")

@@ -7,12 +7,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from themis_clip.server.access import SEARCH
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for, vector
 from themis_clip.server.schemas import OpenAIEmbeddingsRequest, TextRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+router = APIRouter(dependencies=[SEARCH])
 
 MAX_INPUTS = 2048
 

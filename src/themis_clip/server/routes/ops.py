@@ -10,14 +10,16 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from themis_clip.server.access import METRICS, PUBLIC
 from themis_clip.server.errors import APIError
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+public = APIRouter(dependencies=[PUBLIC])  # no key: health, readiness, the page
+router = APIRouter(dependencies=[METRICS])
 
 
-@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+@public.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def page() -> Response:
     return Response(
         index_html(),
@@ -26,7 +28,7 @@ async def page() -> Response:
     )
 
 
-@router.get("/static/{name}", include_in_schema=False)
+@public.get("/static/{name}", include_in_schema=False)
 async def static_asset(name: str) -> Response:
     data = asset(name)
     if data is None:
@@ -38,12 +40,12 @@ async def static_asset(name: str) -> Response:
     )
 
 
-@router.get("/healthz")
+@public.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@public.get("/readyz")
 async def readyz(state: StateDep) -> JSONResponse:
     ready = state.ready and state.plugin.is_ready()
     return JSONResponse(

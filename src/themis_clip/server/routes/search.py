@@ -15,15 +15,17 @@ from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.store import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
+from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter()
+router = APIRouter(dependencies=[SEARCH])
+writes = APIRouter(dependencies=[WRITE])  # an ingest key needs no search scope
 
 
-@router.post("/index/items")
+@writes.post("/index/items")
 async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
     seen: dict[str, int] = {}
