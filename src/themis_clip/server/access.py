@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer, SecurityScopes
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from themis_clip.server.auth import KeyStore, Principal
@@ -83,6 +83,8 @@ def route_scopes(
     open_paths = set(public_paths)
     out: list[tuple[BaseRoute, Need]] = []
     for route in routes:
+        if not isinstance(route, Route):  # an included router: its routes are listed too
+            continue
         deps: list[Any] = list(getattr(route, "dependencies", None) or [])
         if getattr(route, "path", None) in open_paths or any(
             getattr(d, "dependency", None) is public for d in deps

@@ -116,10 +116,10 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         description="CLIP image and text embeddings and multi-modal search on ONNX Runtime",
     )
     app.state.themis = state
-    for module in (ops, embeddings, search, classify, admin):
-        app.include_router(module.router)
-    app.include_router(ops.public)
-    app.include_router(search.writes)
+    routers = [m.router for m in (ops, embeddings, search, classify, admin)]
+    routers += [ops.public, search.writes]
+    for router in routers:
+        app.include_router(router)
     # Outermost last: Observe > TrustedHosts > StrictFraming > Authenticate > RequestGuard,
     # so that nothing reads a body before the host, the framing and the key are checked.
     app.add_middleware(
@@ -136,7 +136,10 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     app.add_middleware(
         Authenticate,
         keys=KeyStore(settings.keys_file, admin_token=settings.admin_token),
-        routes=route_scopes(app.routes, [p for p in docs if p]),
+        routes=route_scopes(
+            [*app.routes, *(r for router in routers for r in router.routes)],
+            [p for p in docs if p],
+        ),
     )
     app.add_middleware(StrictFraming)
     if settings.allowed_hosts is not None:

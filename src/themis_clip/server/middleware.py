@@ -312,5 +312,5 @@ class StrictFraming:
             i = names.index(b"content-type")
             media, sep, params = headers[i][1].partition(b";")
             headers[i] = (b"content-type", media.strip().lower() + sep + params)
-            scope = {**scope, "headers": headers}
+            scope["headers"] = headers  # in place: outer layers read what routing adds
         await self.app(scope, receive, send)
