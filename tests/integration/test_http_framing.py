@@ -255,6 +255,7 @@ def test_clients_that_never_read_are_dropped(
     tiny_model_dir: Path, limits: list[str], dropped: Callable[[Iterable[bool]], bool]
 ) -> None:
     args = ["--model", str(tiny_model_dir), "--no-warmup", "--max-connections", "3", *limits]
+    args += ["--max-queue", "65536"]  # all of their texts queue (no 429 answers them)
     with ServerProcess(args) as server:
         answer = len(httpx.post(f"{server.base}/embed/text", json=BIG, timeout=60).content)
         stalled = _stalled_clients(port_of(server), 3)
