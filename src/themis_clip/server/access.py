@@ -58,7 +58,7 @@ def authorize(
         raise APIError(401, "Unauthorized", "not authenticated", {"WWW-Authenticate": "Bearer"})
     missing = sorted(set(security_scopes.scopes) - principal.scopes)
     if missing:
-        raise APIError(403, "Forbidden", f"this key lacks the {missing[0]!r} scope")
+        raise APIError(403, "Forbidden", f"this key lacks the '{missing[0]}' scope")
     return principal
 
 
@@ -161,7 +161,7 @@ class Authenticate:
             missing = sorted(need - principal.scopes)
             if missing:
                 refusal = error_response(
-                    403, "Forbidden", f"this key lacks the {missing[0]!r} scope"
+                    403, "Forbidden", f"this key lacks the '{missing[0]}' scope"
                 )
         if refusal is not None:
             if has_body:

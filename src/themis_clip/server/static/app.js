@@ -164,6 +164,9 @@ async function api(path, body) {
 // What happened, and what to do about it.
 function explain(error) {
   switch (error.status) {
+    case 401:
+    case 403:
+      return error.message + '. Ask whoever runs the server for a key with the "search" scope.';
     case 409:
       return error.message + ' The index was built with another model: re-index with the ' +
         'model this server runs (themis-clip index DIR --index NEW_PATH), or serve the old model.';
