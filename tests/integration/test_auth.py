@@ -155,7 +155,7 @@ def test_every_route_needs_a_key_with_its_scope(
 
 
 def test_health_readiness_and_the_page_need_no_key(served: Served) -> None:
-    for path in ("/healthz", "/readyz", "/", "/static/app.js"):
+    for path in ("/healthz", "/readyz", "/", "/static/app.js", "/openapi.json", "/docs"):
         assert httpx.get(served.base + path).status_code == 200, path
     assert error_type(httpx.get(served.base + "/no/such/route"), 401) == "Unauthorized"
 
