@@ -307,3 +307,16 @@ def test_request_bodies_held_at_once_have_a_budget(tiny_model_dir: Path) -> None
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert r.status_code in (413, 415, 422), r.text
+
+
+def test_admin_without_keys_refuses_before_the_body(server: ServerProcess) -> None:
+    """The open loopback demo too: ``/admin/*`` answers at once, no ``100 Continue``."""
+    head = (
+        b"POST /admin/reload HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: " + str(19 * 2**20).encode() + b"\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port_of(server))) as s:
+        s.sendall(head)
+        reply = read_all(s)  # closed: the body is never read
+    assert b"100 Continue" not in reply
+    assert json_error(reply, 403)["type"] == "Forbidden"  # no admin token configured
