@@ -242,6 +242,12 @@ def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:
             raise CLIError("--allowed-hosts needs at least one name")
         return names
     bound = args.host.strip("[]")
+    if bound in ("0.0.0.0", "::", ""):  # noqa: S104 - detecting a wildcard, not binding one
+        print(
+            f"themis-clip: note: serving {args.host} answers only Host names localhost, "
+            "127.0.0.1 and [::1]; list the names clients use with --allowed-hosts",
+            file=sys.stderr,
+        )
     return ("localhost", "127.0.0.1", "[::1]", f"[{bound}]" if ":" in bound else bound)
 
 
