@@ -279,7 +279,7 @@ def test_silent_and_half_sent_connections_are_dropped(server: ServerProcess) -> 
     silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
     partial = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
     for s in partial:
-        s.sendall(b"POST /embed/text HTTP/1.1\r\nHost: x\r\nContent-Type: appl")
+        s.sendall(b"POST /embed/text HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl")
     t0 = time.monotonic()
     for s in silent + partial:
         s.settimeout(20)
@@ -290,7 +290,7 @@ def test_silent_and_half_sent_connections_are_dropped(server: ServerProcess) -> 
     assert dropped_in < 10
     # A keep-alive connection that starts its next request and stalls is dropped too.
     with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert read_response(s).startswith(b"HTTP/1.1 200")
         s.sendall(b"GET /healthz HTTP/1.1\r\nHo")
         assert s.recv(4096) == b""
@@ -302,7 +302,7 @@ def test_connections_beyond_the_cap_get_a_json_503_and_are_closed() -> None:
         port = port_of(s)
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
         try:
-            reply = raw(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = raw(port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert reply.startswith(b"HTTP/1.1 503"), reply[:100]
             assert b'"TooManyConnections"' in reply and b"retry-after: 1" in reply.lower()
         finally:
@@ -323,7 +323,7 @@ def test_a_body_shorter_than_its_content_length_is_answered_408(server: ServerPr
     t0 = time.monotonic()
     reply = raw(
         port_of(server),
-        b"POST /embed/text HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /embed/text HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b'Content-Length: 100\r\n\r\n{"text": "a',
     )
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
@@ -373,7 +373,7 @@ def test_work_of_a_timed_out_or_abandoned_request_is_dropped(tmp_path: Path) -> 
         sock = socket.create_connection(("127.0.0.1", port))
         data = body.encode()
         sock.sendall(
-            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(data)}\r\n\r\n".encode()
             + data
         )
@@ -441,7 +441,7 @@ def test_bodies_get_the_status_that_names_their_problem(server: ServerProcess) -
     with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
         for _ in range(3):
             s.sendall(
-                b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"POST /search HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 b'Content-Length: 27\r\n\r\n{"vector": [1, 2, 3], "k":'
             )
             s.sendall(b" ")  # 27 bytes declared, 27 sent
@@ -541,7 +541,7 @@ def test_the_catch_all_answers_json_500_and_keeps_the_connection() -> None:
             time.sleep(0.01)
         with socket.create_connection(sock.getsockname(), timeout=20) as conn:
             for route in ("/boom", "/unencodable", "/fine"):
-                conn.sendall(f"GET {route} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                conn.sendall(f"GET {route} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
                 reply = read_response(conn)
                 assert reply.startswith(b"HTTP/1.1 500" if route != "/fine" else b"HTTP/1.1 200")
                 assert b"connection: close" not in reply.lower()

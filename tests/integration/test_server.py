@@ -403,7 +403,7 @@ def test_slow_and_vanishing_clients_do_not_hurt_others(model_root: Path, tmp_pat
     try:
         body = png(3)
         head = (
-            f"POST /embed/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+            f"POST /embed/image HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: image/png\r\n"
             f"Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]

@@ -1,7 +1,7 @@
 """``themis-clip``: a thin command line over the library (parse, call, print).
 
 One module per command group: ``embed`` (embed, info, health), ``index`` (index, search),
-``dataset`` (embed-dataset), ``serve``, ``export`` (export, verify), ``demo``, ``models``
+``dataset`` (embed-dataset), ``serve``, ``keys``, ``export`` (export, verify), ``demo``, ``models``
 (list, pull, info, rm, verify); ``common`` holds the model options and errors they share.
 A new command is a module with a
 ``register(sub)`` function, listed in :data:`_GROUPS`.
@@ -19,14 +19,14 @@ from collections.abc import Sequence
 
 from themis_clip._version import __version__
 from themis_clip.allocator import pin_mmap_threshold
-from themis_clip.cli import classify, dataset, demo, embed, export, index, models, serve
+from themis_clip.cli import classify, dataset, demo, embed, export, index, keys, models, serve
 from themis_clip.cli.common import CLIError
 from themis_clip.cli.extras import missing_extra
 from themis_clip.errors import ThemisClipError
 
 __all__ = ["main"]
 
-_GROUPS = (embed, classify, index, dataset, serve, export, demo, models)
+_GROUPS = (embed, classify, index, dataset, serve, keys, export, demo, models)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -25,9 +25,11 @@ from themis_clip._version import __version__
 from themis_clip.batching import MicroBatcher
 from themis_clip.index.search import VectorIndex
 from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.server.access import Authenticate, TrustedHosts, route_scopes
+from themis_clip.server.auth import KeyStore
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics
-from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard
+from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard, StrictFraming
 from themis_clip.server.routes import admin, classify, docs, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState, text_batch_fn
@@ -116,17 +118,34 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         description="CLIP image and text embeddings and multi-modal search on ONNX Runtime",
     )
     app.state.themis = state
-    app.add_middleware(  # nothing reaches a route before the guard has the body
+    routers = [m.router for m in (ops, embeddings, search, classify, admin, docs)]
+    routers += [ops.public, search.writes]
+    for router in routers:
+        app.include_router(router)
+    # Outermost last: Observe > TrustedHosts > StrictFraming > Authenticate > RequestGuard,
+    # so that nothing reads a body before the host, the framing and the key are checked.
+    app.add_middleware(
         RequestGuard,
         limits=GuardLimits(
             max_body_bytes=settings.max_body_bytes,
             body_idle_timeout_s=settings.body_idle_timeout_s,
             request_timeout_s=settings.request_timeout_s,
+            max_bodies_in_flight_bytes=settings.max_bodies_in_flight_bytes,
         ),
         on_event=lambda name: metrics.guard_events.labels(name).inc(),
     )
+    open_docs = (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+    app.add_middleware(
+        Authenticate,
+        keys=KeyStore(settings.keys_file, admin_token=settings.admin_token),
+        routes=route_scopes(
+            [*app.routes, *(r for router in routers for r in router.routes)],
+            [p for p in open_docs if p],
+        ),
+    )
+    app.add_middleware(StrictFraming)
+    if settings.allowed_hosts is not None:
+        app.add_middleware(TrustedHosts, allowed=settings.allowed_hosts)
     app.add_middleware(Observe, record=metrics.observe)  # outermost: the guard's answers count
     install_error_handlers(app, metrics, settings.request_timeout_s)
-    for module in (ops, embeddings, search, classify, admin, docs):
-        app.include_router(module.router)
     return app

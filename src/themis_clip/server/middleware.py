@@ -1,11 +1,19 @@
-"""Pure ASGI middleware: the request guard (body, JSON, deadline, disconnects, last-resort
-errors) and request observation.
+"""Pure ASGI middleware: strict framing, the request guard (body, JSON, deadline, disconnects,
+last-resort errors) and request observation.
+
+:class:`StrictFraming` answers 400 (and closes) a request whose framing is ambiguous: both
+``Content-Length`` and ``Transfer-Encoding`` (RFC 9112 section 6.3: a smuggling vector, the
+connection must close), or a header that must appear once appearing twice (``Content-Type``,
+``Content-Length``, ``Authorization``, ``Host``). It lower-cases the media type of the one
+``Content-Type`` (``Multipart/Form-Data`` is ``multipart/form-data``; parameters such as the
+boundary are kept as sent), so every route compares media types one way.
 
 :class:`RequestGuard` is the outermost layer of the app. For every HTTP request it
 
 * reads the whole body first, with a limit (413 whether the size was declared or streamed in
-  chunks) and an idle timeout between chunks (408: a body shorter than its ``Content-Length``
-  is answered, not waited on forever);
+  chunks), an idle timeout between chunks (408: a body shorter than its ``Content-Length``
+  is answered, not waited on forever) and a budget for all bodies held at once (503 with
+  ``Retry-After`` beyond it: many stalled large uploads cannot hold the memory);
 * parses a JSON body once, in a worker thread, as strict JSON (valid UTF-8, no NaN/Infinity,
   no duplicate keys, nesting within the parser's bound), answering 400 ``BadJSON`` naming the
   problem otherwise; routes built with :class:`PreparsedJSONRoute` take that parsed value;
@@ -33,7 +41,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from themis_clip.jsonio import loads as strict_loads
 from themis_clip.server.errors import error_response
 
-__all__ = ["PARSED_JSON", "GuardLimits", "Observe", "PreparsedJSONRoute", "RequestGuard"]
+__all__ = [
+    "PARSED_JSON",
+    "BodyBudget",
+    "GuardLimits",
+    "Observe",
+    "PreparsedJSONRoute",
+    "RequestGuard",
+    "StrictFraming",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +61,28 @@ class GuardLimits:
     request_timeout_s: float = 30.0
     #: routes that must authenticate before anything looks at the body (they parse it)
     unchecked_prefixes: tuple[str, ...] = ("/admin/",)
+    #: request-body bytes all requests together may hold (declared or received)
+    max_bodies_in_flight_bytes: int = 256 * 2**20
+
+
+class BodyBudget:
+    """Request-body bytes held at once, across requests (one event loop: no lock needed)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> bool:
+        if n > 0 and self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+class _BudgetError(Exception):
+    pass
 
 
 class _ClosedError(Exception):
@@ -67,11 +105,19 @@ class RequestGuard:
         self.app, self.limits = app, limits
         self.on_event = on_event or (lambda _: None)
         self._parse_lock = asyncio.Lock()
+        self.budget = BodyBudget(limits.max_bodies_in_flight_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        held = [0]  # body bytes this request holds against the budget
+        try:
+            await self._handle(scope, receive, send, held)
+        finally:
+            self.budget.give(held[0])
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> None:
         started = False
 
         async def tracking_send(message: Message) -> None:
@@ -87,7 +133,11 @@ class RequestGuard:
 
         deadline = time.monotonic() + self.limits.request_timeout_s
         try:
-            body = await self._read_body(scope, receive, deadline)
+            body = await self._read_body(scope, receive, deadline, held)
+        except _BudgetError as exc:
+            self.on_event("body_budget")
+            await answer(503, "ServerBusy", str(exc), close=True)
+            return
         except _ClosedError:
             self.on_event("disconnect")
             return
@@ -165,11 +215,23 @@ class RequestGuard:
         async with self._parse_lock:
             return await asyncio.to_thread(_strict_parse, body)
 
-    async def _read_body(self, scope: Scope, receive: Receive, deadline: float) -> bytes:
+    def _take(self, n: int, held: list[int]) -> None:
+        if not self.budget.take(n):
+            raise _BudgetError(
+                "the server holds too many request bodies at once "
+                f"(over {self.budget.limit} bytes); retry"
+            )
+        held[0] += n
+
+    async def _read_body(
+        self, scope: Scope, receive: Receive, deadline: float, held: list[int]
+    ) -> bytes:
         limit = self.limits.max_body_bytes
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _TooLargeError(f"request body over {limit} bytes")
+        if declared is not None and declared.isdigit():
+            self._take(int(declared), held)  # reserved before a byte is buffered
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -188,6 +250,8 @@ class RequestGuard:
             size += len(chunk)
             if size > limit:
                 raise _TooLargeError(f"request body over {limit} bytes")
+            if size > held[0]:  # streamed (chunked), or longer than declared
+                self._take(size - held[0], held)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -264,3 +328,38 @@ class Observe:
         finally:
             route = str(getattr(scope.get("route"), "path", "unmatched"))
             self.record(route, status, time.perf_counter() - t0)
+
+
+#: headers a request may carry once (RFC 9110 5.3: a list syntax is needed to repeat one)
+_SINGLE = (b"content-type", b"content-length", b"authorization", b"host")
+
+
+class StrictFraming:
+    """400 + close for ambiguous framing or repeated single-valued headers (see module doc)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
+        names = [k for k, _ in headers]
+        problem = None
+        if b"transfer-encoding" in names and b"content-length" in names:
+            problem = "both Content-Length and Transfer-Encoding: the framing is ambiguous"
+        else:
+            repeated = next((n for n in _SINGLE if names.count(n) > 1), None)
+            if repeated is not None:
+                problem = f"more than one {repeated.decode().title()} header"
+        if problem is not None:
+            response = error_response(400, "BadRequest", problem, {"Connection": "close"})
+            await response(scope, receive, send)
+            return
+        if b"content-type" in names:
+            i = names.index(b"content-type")
+            media, sep, params = headers[i][1].partition(b";")
+            headers[i] = (b"content-type", media.strip().lower() + sep + params)
+            scope["headers"] = headers  # in place: outer layers read what routing adds
+        await self.app(scope, receive, send)

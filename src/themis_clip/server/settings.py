@@ -20,9 +20,21 @@ class ServerSettings:
             ``postgresql://`` URL (None: search disabled).
         search_settings: the search self-tuner's target recall and graph vector type.
         model_root: folder that ``/admin/reload`` paths must stay inside (None: reload disabled).
-        admin_token: bearer token for ``/admin/*`` (None: admin endpoints disabled).
+        admin_token: bearer token for ``/admin/*`` (None: admin endpoints disabled); with a
+            keys file it is one more key, with the ``admin`` scope.
         allow_pull: ``/admin/reload {"model": NAME}`` may download an uncached model.
+        keys_file: the API keys file (``themis-clip keys``); given, every route but
+            ``/healthz``, ``/readyz`` and the page needs a key with the route's scope
+            (None: open, as the loopback demo is).
+        allowed_hosts: the names the server answers for in ``Host`` (others get 421;
+            ``*.example.com`` and ``*`` work; None: any, as tests built on the app use).
         max_body_bytes: larger request bodies get 413.
+        max_bodies_in_flight_bytes: request-body bytes all requests may hold at once, declared
+            lengths reserved up front (503 with ``Retry-After`` beyond it).
+        send_timeout_s: a client that leaves an answer undrained (the write buffer over its
+            high-water mark) this long is dropped, its buffered bytes freed.
+        max_buffered_response_bytes: answer bytes all connections may hold in write buffers;
+            beyond it the connections stalled longest are dropped.
         max_queue: waiting items per batcher before 429 (a request with more items than this
             gets 413; the default holds the largest request twice: 2,048 texts).
         max_queue_delay_ms: how long a request waits for its batch to fill.
@@ -44,7 +56,12 @@ class ServerSettings:
     model_root: str | None = None
     admin_token: str | None = None
     allow_pull: bool = False
+    keys_file: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None
     max_body_bytes: int = 20 * 2**20
+    max_bodies_in_flight_bytes: int = 256 * 2**20
+    send_timeout_s: float = 30.0
+    max_buffered_response_bytes: int = 256 * 2**20
     max_queue: int = 4096
     max_queue_delay_ms: float = 5.0
     request_timeout_s: float = 30.0

@@ -1,49 +1,32 @@
 """``/admin/*``: authenticated before anything else, the body included.
 
-The router's dependency checks the bearer token before FastAPI reads a byte of the body (the
-routes declare no body parameter and parse it themselves), so an unauthenticated caller learns
-nothing about the schema: 401/403 whatever it sends.
+The router declares the ``admin`` scope; :class:`~themis_clip.server.access.Authenticate`
+enforces it before a byte of the body is read (the routes also declare no body parameter and
+parse it themselves), so an unauthenticated caller learns nothing about the schema: 401/403
+whatever it sends. ``THEMIS_ADMIN_TOKEN`` is an admin key.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from themis_clip.errors import IndexModelMismatchError, ModelNotFoundError, ThemisClipError
 from themis_clip.models import hub
+from themis_clip.server.access import ADMIN
 from themis_clip.server.errors import APIError, validation_message
 from themis_clip.server.routes import ops
 from themis_clip.server.schemas import ReloadRequest
-from themis_clip.server.state import AppState, StateDep, get_state
+from themis_clip.server.state import AppState, StateDep
 from themis_clip.vocabulary import ModelIdentity
 
-
-def require_admin(request: Request, state: AppState = Depends(get_state)) -> None:  # noqa: B008
-    token = state.settings.admin_token
-    if not token:
-        raise APIError(403, "Forbidden", "admin endpoints are disabled (no admin token configured)")
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        raise APIError(
-            401,
-            "Unauthorized",
-            "admin endpoints need 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not hmac.compare_digest(given.encode(), token.encode()):  # constant time
-        raise APIError(403, "Forbidden", "wrong admin token")
-
-
-router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+router = APIRouter(prefix="/admin", dependencies=[ADMIN])
 
 
 async def _body(request: Request) -> ReloadRequest:

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from themis_clip.server.access import SEARCH
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import check_key, check_text, decode_image_fields, raise_for
@@ -14,7 +15,7 @@ from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
 from themis_clip.zeroshot import check_labels
 
-router = APIRouter(route_class=PreparsedJSONRoute)
+router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
 
 #: labels embedded per step of a large /v1/classify (see ``classify``)
 LABEL_PIECE = 64

@@ -15,10 +15,11 @@ from importlib import resources
 from fastapi import APIRouter
 from fastapi.responses import Response
 
+from themis_clip.server.access import PUBLIC
 from themis_clip.server.errors import APIError
 from themis_clip.server.page import SECURITY_HEADERS
 
-router = APIRouter()
+router = APIRouter(dependencies=[PUBLIC])  # no key: the docs hold no indexed data
 
 _HTML = b"""<!doctype html>
 <html lang="en">

@@ -12,13 +12,14 @@ from themis_clip import jsonio
 from themis_clip.interface import EmbeddingResult
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.server.access import SEARCH
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import decode_image_fields, raise_for, vector
 from themis_clip.server.schemas import OpenAIEmbeddingsRequest, TextRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter(route_class=PreparsedJSONRoute)
+router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
 
 MAX_INPUTS = 2048
 

@@ -10,15 +10,17 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from themis_clip.server.access import METRICS, PUBLIC
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter(route_class=PreparsedJSONRoute)
+public = APIRouter(route_class=PreparsedJSONRoute, dependencies=[PUBLIC])  # no key: health, page
+router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[METRICS])
 
 
-@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+@public.get("/", response_class=HTMLResponse, include_in_schema=False)
 async def page() -> Response:
     return Response(
         index_html(),
@@ -27,7 +29,7 @@ async def page() -> Response:
     )
 
 
-@router.get("/static/{name}", include_in_schema=False)
+@public.get("/static/{name}", include_in_schema=False)
 async def static_asset(name: str) -> Response:
     data = asset(name)
     if data is None:
@@ -39,12 +41,12 @@ async def static_asset(name: str) -> Response:
     )
 
 
-@router.get("/healthz")
+@public.get("/healthz")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@public.get("/readyz")
 async def readyz(state: StateDep) -> JSONResponse:
     ready = state.ready and state.plugin.is_ready()
     return JSONResponse(

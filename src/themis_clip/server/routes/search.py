@@ -15,6 +15,7 @@ from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
+from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
@@ -23,13 +24,14 @@ from themis_clip.server.state import AppState, StateDep
 from themis_clip.server.weak import WeakLine, measure_weak_line, random_texts
 from themis_clip.vocabulary import ModelIdentity
 
-router = APIRouter(route_class=PreparsedJSONRoute)
+router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
+writes = APIRouter(route_class=PreparsedJSONRoute, dependencies=[WRITE])  # ingest needs no search
 
 #: above this many items no weak-match line is measured (see server/weak.py)
 MAX_MEASURED_ITEMS = 200_000
 
 
-@router.post("/index/items")
+@writes.post("/index/items")
 async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
     seen: dict[str, int] = {}

@@ -25,6 +25,121 @@ class ApiError extends Error {
   }
 }
 
+// --- API keys (serve --keys): asked for on a 401, kept for this tab only --------------------
+// The key lives in sessionStorage (gone when the tab closes), is sent as a bearer header on
+// every call, and never goes into a URL or a cookie; thumbnails and previews are fetched with
+// it and shown from blob: URLs (an <img src> cannot carry a header).
+const KEY_SLOT = 'themis-clip-key';
+let keyPrompt = null;  // the pending prompt, shared by calls that got 401 at the same time
+
+function storedKey() {
+  try { return sessionStorage.getItem(KEY_SLOT) || ''; } catch (e) { return ''; }
+}
+
+function askForKey(refused) {
+  if (keyPrompt) return keyPrompt;
+  keyPrompt = new Promise((resolve) => {
+    const dialog = document.createElement('dialog');
+    dialog.id = 'key-dialog';
+    dialog.setAttribute('aria-labelledby', 'key-title');
+    const form = document.createElement('form');
+    form.method = 'dialog';
+    const title = document.createElement('h2');
+    title.id = 'key-title';
+    title.textContent = 'This server needs an API key';
+    const note = document.createElement('p');
+    note.id = 'key-note';
+    note.textContent = refused ? 'That key was refused (unknown or revoked). Try another.' :
+      'Ask whoever runs it for a key with the "search" scope (themis-clip keys create). ' +
+      'It is kept for this tab only.';
+    const label = document.createElement('label');
+    label.htmlFor = 'key-input';
+    label.textContent = 'API key';
+    const input = document.createElement('input');
+    input.type = 'password';
+    input.id = 'key-input';
+    input.autocomplete = 'off';
+    input.required = true;
+    const button = document.createElement('button');
+    button.type = 'submit';
+    button.id = 'key-submit';
+    button.textContent = 'Use this key';
+    form.append(title, note, label, input, button);
+    dialog.append(form);
+    document.body.append(dialog);
+    dialog.addEventListener('close', () => {
+      const key = input.value.trim();
+      dialog.remove();
+      keyPrompt = null;
+      if (key) {
+        try { sessionStorage.setItem(KEY_SLOT, key); } catch (e) { /* private mode: per call */ }
+      }
+      resolve(key);
+    });
+    dialog.showModal();
+    input.focus();
+  });
+  return keyPrompt;
+}
+
+// fetch() with the tab's key; on 401 asks for one (again, if it was refused) and retries.
+async function keyedFetch(path, options) {
+  let key = storedKey();
+  for (let attempt = 0; attempt < 4; attempt++) {
+    const headers = new Headers((options && options.headers) || {});
+    if (key) headers.set('Authorization', 'Bearer ' + key);
+    const response = await fetch(path, Object.assign({}, options, {headers: headers}));
+    if (response.status !== 401) return response;
+    if (key) {
+      try { sessionStorage.removeItem(KEY_SLOT); } catch (e) { /* nothing stored */ }
+    }
+    key = await askForKey(Boolean(key));
+    if (!key) return response;
+  }
+  return fetch(path, options);
+}
+
+// Thumbnails and previews: straight from the server when no key is in use (the open demo),
+// else fetched with the key, when the image comes into view, and shown from a blob: URL.
+const lazyImages = typeof IntersectionObserver === 'function' ? new IntersectionObserver((entries) => {
+  for (const entry of entries) {
+    if (!entry.isIntersecting) continue;
+    lazyImages.unobserve(entry.target);
+    fillImage(entry.target, entry.target.dataset.src);
+  }
+}, {rootMargin: '200px'}) : null;
+
+async function fillImage(img, url) {
+  try {
+    const response = await keyedFetch(url);
+    if (!response.ok) throw new Error('HTTP ' + response.status);
+    const blob = URL.createObjectURL(await response.blob());
+    if (img.dataset.src === url && img.isConnected) img.src = blob;
+    else URL.revokeObjectURL(blob);
+  } catch (e) {
+    img.alt = img.alt + ' (image unavailable)';
+  }
+}
+
+function dropBlob(img) {
+  if (img.src && img.src.startsWith('blob:')) URL.revokeObjectURL(img.src);
+}
+
+function setImage(img, url, lazy) {
+  dropBlob(img);
+  img.dataset.src = url;
+  if (!storedKey()) { img.src = url; return; }
+  img.removeAttribute('src');
+  if (lazy && lazyImages) lazyImages.observe(img);
+  else fillImage(img, url);
+}
+
+function forgetImages(list) {
+  if (lazyImages) lazyImages.disconnect();
+  for (const img of list.querySelectorAll('img')) dropBlob(img);
+}
+// --- end of API keys ------------------------------------------------------------------------
+
 async function api(path, body) {
   const options = body === undefined ? {} : {
     method: 'POST',
@@ -33,7 +148,7 @@ async function api(path, body) {
   };
   let response;
   try {
-    response = await fetch(path, options);
+    response = await keyedFetch(path, options);
   } catch (e) {
     throw new ApiError(0, 'NetworkError', 'The server cannot be reached. Is themis-clip serve still running?');
   }
@@ -49,6 +164,9 @@ async function api(path, body) {
 // What happened, and what to do about it.
 function explain(error) {
   switch (error.status) {
+    case 401:
+    case 403:
+      return error.message + '. Ask whoever runs the server for a key with the "search" scope.';
     case 409:  // the server's message names the fix (re-index, or serve the old model): once
       return error.message;
     case 404:
@@ -182,6 +300,7 @@ function weakDivider(data) {
 
 function render(data) {
   const list = $('results');
+  forgetImages(list);
   list.replaceChildren();
   const weakAt = typeof data.weak_below === 'number' ?
     data.results.findIndex((hit) => hit.score < data.weak_below) : -1;
@@ -193,7 +312,7 @@ function render(data) {
     card.className = 'card';
     const img = document.createElement('img');
     img.className = 'thumb';
-    img.src = hit.thumbnail;
+    setImage(img, hit.thumbnail, true);
     img.alt = nameOf(hit);
     img.loading = 'lazy';
     img.decoding = 'async';
@@ -261,7 +380,8 @@ function searchFile(file) {
 function showQueryImage(url, label) {
   if (state.imageUrl && state.imageUrl.startsWith('blob:')) URL.revokeObjectURL(state.imageUrl);
   state.imageUrl = url;
-  $('query-img').src = url;
+  if (url.startsWith('blob:') || url.startsWith('data:')) $('query-img').src = url;
+  else setImage($('query-img'), url, false);
   $('query-label').textContent = 'Searching with ' + label;
   $('query-preview').hidden = false;
 }
@@ -309,7 +429,7 @@ function openViewer(i) {
   state.current = i;
   const hit = state.hits[i];
   const img = $('v-img');
-  img.src = hit.preview;
+  setImage(img, hit.preview, false);
   img.alt = nameOf(hit);
   $('v-title').textContent = nameOf(hit);
   $('v-score').textContent = 'score ' + hit.score.toFixed(4) + ' · ' + (i + 1) + ' of ' + state.hits.length;
