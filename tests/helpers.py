@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -192,3 +193,16 @@ def hwm_mb(pid: int) -> int:
 def reset_hwm(pid: int) -> None:
     """Reset a process's peak resident memory to its current size."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def new_key(keys: Path, scope: str, name: str) -> str:
+    """A new API key from ``themis-clip keys create`` (printed alone on its last line)."""
+    exe = str(Path(sys.executable).with_name("themis-clip"))
+    done = subprocess.run(
+        [exe, "keys", "create", "--keys", str(keys), "--scope", scope, "--name", name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from tests.helpers import ServerProcess, encode, photo_like
+from tests.helpers import ServerProcess, encode, new_key, photo_like
 
 ADMIN_TOKEN = "admin-token-for-tests"
 EXE = str(Path(sys.executable).parent / "themis-clip")
@@ -33,12 +33,6 @@ EXE = str(Path(sys.executable).parent / "themis-clip")
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([EXE, *args], capture_output=True, text=True, timeout=120)
-
-
-def new_key(keys: Path, scope: str, name: str) -> str:
-    done = cli("keys", "create", "--keys", str(keys), "--scope", scope, "--name", name)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
 
 
 def png(seed: int = 0) -> bytes:

@@ -17,8 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.cdp import Browser, chromium
-from tests.helpers import ServerProcess, encode, photo_like
-from tests.integration.test_auth import new_key
+from tests.helpers import ServerProcess, encode, new_key, photo_like
 
 pytestmark = [
     pytest.mark.slow,
