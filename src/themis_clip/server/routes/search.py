@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import numpy as np
 from fastapi import APIRouter
 from fastapi.responses import Response
 
@@ -17,6 +16,7 @@ from themis_clip.index.stores import ItemRow
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
+from themis_clip.server.querying import run_search
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
 
@@ -70,78 +70,9 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
 
 @router.post("/search")
 async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
-    idx = state.require_index()
-    given = [x is not None for x in (body.text, body.image, body.vector, body.item)]
-    if sum(given) != 1:
-        raise APIError(
-            422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
-        )
-    if body.item is not None:  # stored vectors against stored vectors: one space, always
-        item_key = body.item
-
-        def like() -> tuple[list[Any], str, str]:
-            stamp = idx.stamp
-            try:
-                hits = idx.search_like(item_key, body.k, body.filters)
-            except KeyError:
-                raise APIError(404, "NotFound", f"no item {item_key!r}") from None
-            return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
-
-        hits, mode, space = await asyncio.to_thread(like)
-        return _results(hits, mode, space)
-    if body.vector is not None:
-        query = np.asarray(body.vector, dtype=np.float32)
-        current = state.stamp()
-        dim = idx.stamp.dim if idx.stamp is not None else current.embedding_dim
-        if query.shape != (dim,):
-            raise APIError(
-                422,
-                "ValidationError",
-                f"vector: {query.size} components; this index's vectors have {dim}",
-            )
-        norm = float(np.linalg.norm(query))
-        if not np.isfinite(norm) or norm == 0:
-            raise APIError(422, "ValidationError", "vector must be finite and non-zero")
-        query /= norm
-    else:
-        for _ in range(3):  # the query and the index check must see the same model
-            result = await (
-                state.embed_text(body.text, body.language)
-                if body.text is not None
-                else state.embed_image(decode_image_field(body.image or ""))
-            )
-            raise_for(result, "query")
-            current = state.stamp()
-            if result.model_id == current.model_id:
-                break
-        assert result.embedding is not None
-        query = result.embedding
-
-    def run() -> tuple[list[Any], str]:
-        if idx.stamp is not None:
-            idx.bind_model(current)  # 409 when the index was built by another model
-        return idx.search(query, body.k, body.filters), idx.mode
-
-    hits, mode = await asyncio.to_thread(run)
-    return _results(hits, mode, current.model_id)
-
-
-def _results(hits: list[Any], mode: str, model_id: str) -> dict[str, Any]:
-    return {
-        "results": [
-            {
-                "id": h.key,
-                "score": h.score,
-                "path": h.path,
-                "metadata": h.metadata,
-                "thumbnail": f"/items/{quote(h.key, safe='')}/thumbnail",
-                "preview": f"/items/{quote(h.key, safe='')}/preview",
-            }
-            for h in hits
-        ],
-        "model_id": model_id,
-        "mode": mode,
-    }
+    """One page: a query (one part or a weighted sum), by vector, words or both (hybrid), or
+    the library newest first (browse); ``next`` continues it (:mod:`..querying`)."""
+    return await run_search(body, state)
 
 
 @router.get("/index/info")
