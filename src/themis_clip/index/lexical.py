@@ -5,8 +5,8 @@ What is searched: an item's key, its path and its metadata's string values. SQLi
 in an FTS5 table whose ``unicode61`` tokenizer counts ``_`` as part of a word (so
 ``IMG_4711.jpg`` holds the token ``img_4711`` and the query ``IMG_4711`` finds it; ``/`` and
 ``.`` separate words); PostgreSQL keeps a generated ``tsvector`` (``simple`` configuration,
-``/``, ``.`` and ``-`` read as spaces) under a GIN index and parses the query with
-``websearch_to_tsquery``. Both require every query word (AND). The SQL lives with each store's
+``/``, ``.`` and ``-`` read as spaces) under a GIN index and reads the query the same way,
+as plain words (``plainto_tsquery``). Both require every query word (AND). The SQL lives with each store's
 schema (:mod:`.stores.sqlschema`, :mod:`.stores.pgschema`); user text only ever travels as a
 bound parameter.
 """

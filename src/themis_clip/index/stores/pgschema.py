@@ -88,10 +88,13 @@ _FTS_DDL = [
     ) STORED""",
     "CREATE INDEX IF NOT EXISTS themis_items_lexical ON themis_items USING gin (lexical)",
 ]
-#: Ranked ids of the items holding every word of the query (bound: query, query, limit), best
-#: first by ``ts_rank_cd``, ties by id. ``{filters}`` is empty or `` AND (...)``.
+#: Ranked ids of the items holding every word of the query (bound: query, filters, limit), best
+#: first by ``ts_rank_cd``, ties by id. ``{filters}`` is empty or `` AND (...)``. The query's
+#: text is read as the documents are (``/``, ``.``, ``-`` as spaces) and as plain words, all
+#: required, so no operator syntax is interpreted (as in SQLite's quoted FTS5 words).
 LEXICAL_SQL = (
-    "SELECT id FROM themis_items, websearch_to_tsquery('simple', %s) AS q "
+    "SELECT id FROM themis_items, "
+    "plainto_tsquery('simple', translate(%s, '/.-', '   ')) AS q "
     "WHERE lexical @@ q{filters} ORDER BY ts_rank_cd(lexical, q) DESC, id LIMIT %s"
 )
 
