@@ -4,7 +4,6 @@ on both stores: SQLite and both PostgreSQL builds (``location`` is the contract'
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import numpy as np
 import pytest

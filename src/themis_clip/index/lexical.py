@@ -6,9 +6,9 @@ in an FTS5 table whose ``unicode61`` tokenizer counts ``_`` as part of a word (s
 ``IMG_4711.jpg`` holds the token ``img_4711`` and the query ``IMG_4711`` finds it; ``/`` and
 ``.`` separate words); PostgreSQL keeps a generated ``tsvector`` (``simple`` configuration,
 ``/``, ``.`` and ``-`` read as spaces) under a GIN index and reads the query the same way,
-as plain words (``plainto_tsquery``). Both require every query word (AND). The SQL lives with each store's
-schema (:mod:`.stores.sqlschema`, :mod:`.stores.pgschema`); user text only ever travels as a
-bound parameter.
+as plain words (``plainto_tsquery``). Both require every query word (AND). The SQL lives
+with each store's schema (:mod:`.stores.sqlschema`, :mod:`.stores.pgschema`); user text
+only ever travels as a bound parameter.
 """
 
 from __future__ import annotations
