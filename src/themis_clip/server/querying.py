@@ -151,7 +151,8 @@ def _combined(
                 raise APIError(404, "NotFound", f"no item {part.item!r}")
             vector = stored
         else:
-            vector = np.asarray(part.vector, dtype=np.float32)
+            with np.errstate(over="ignore"):  # too large for float32: infinite, refused below
+                vector = np.asarray(part.vector, dtype=np.float32)
             if dim is not None and vector.shape != (dim,):
                 raise APIError(
                     422,

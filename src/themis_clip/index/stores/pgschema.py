@@ -36,6 +36,7 @@ __all__ = [
     "MIGRATION_LOCK",
     "PG_SCHEMA_VERSION",
     "TABLES",
+    "TIMELINE_SQL",
     "ensure_extension",
     "filter_sql",
     "first_line",
@@ -96,6 +97,11 @@ LEXICAL_SQL = (
     "SELECT id FROM themis_items, "
     "plainto_tsquery('simple', translate(%s, '/.-', '   ')) AS q "
     "WHERE lexical @@ q{filters} ORDER BY ts_rank_cd(lexical, q) DESC, id LIMIT %s"
+)
+
+#: ``(id, taken, mtime, mtime_ns)`` of the items (``{filters}`` as in ``LEXICAL_SQL``).
+TIMELINE_SQL = (
+    "SELECT id, doc -> 'taken', doc -> 'mtime', mtime_ns FROM themis_items WHERE TRUE{filters}"
 )
 
 MIGRATIONS: dict[int, list[str]] = {

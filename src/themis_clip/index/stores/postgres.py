@@ -35,7 +35,6 @@ from themis_clip.index.stores.pgschema import (
     FACET_VALUES_SQL,
     INTEGRITY_SQL,
     KEYS_PRESENT_SQL,
-    LEXICAL_SQL,
     MIGRATION_LOCK,
     MIGRATIONS,
     PG_SCHEMA_VERSION,
@@ -48,6 +47,7 @@ from themis_clip.index.stores.pgschema import (
     redact,
     schema_version,
 )
+from themis_clip.index.stores.pgwords import PgQueries
 from themis_clip.index.stores.pool import Pool
 from themis_clip.index.stores.rows import (
     COLUMNS,
@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 8
 
 
-class PgStore:
+class PgStore(PgQueries):
     """An index in a PostgreSQL database with the pgvector extension.
 
     Args:
@@ -430,26 +430,6 @@ class PgStore:
         with self._db() as db:
             sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
             return {int(r[0]) for r in db.execute(sql, params).fetchall()}
-
-    def lexical(self, text: str, limit: int, filters: Mapping[str, Any] | None) -> list[int]:
-        """Ids of the items whose key, path or string metadata hold every word of ``text``,
-        best first (``ts_rank_cd``), at most ``limit``."""
-        where, params = filter_sql(filters) if filters else ("", [])
-        sql = LEXICAL_SQL.format(filters=f" AND ({where})" if where else "")
-        with self._db() as db:
-            rows = db.execute(sql, [text, *params, int(limit)]).fetchall()
-        return [int(r[0]) for r in rows]
-
-    def timeline(self, filters: Mapping[str, Any] | None) -> list[tuple[int, Any, Any, Any]]:
-        """``(id, metadata taken, metadata mtime, mtime_ns)`` of each item matching
-        ``filters``."""
-        where, params = filter_sql(filters) if filters else ("TRUE", [])
-        sql = (
-            "SELECT id, doc -> 'taken', doc -> 'mtime', mtime_ns FROM themis_items "  # noqa: S608
-            f"WHERE {where}"
-        )
-        with self._db() as db:
-            return [(int(r[0]), r[1], r[2], r[3]) for r in db.execute(sql, params).fetchall()]
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` some item's metadata has at its top level (the GIN index answers
