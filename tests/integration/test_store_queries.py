@@ -1,20 +1,38 @@
 """The store contract's part for queries beyond one vector (lexical search, paging, browsing),
-on both stores: SQLite and both PostgreSQL builds (``location`` is the contract's fixture)."""
+on both stores: SQLite and both PostgreSQL builds."""
 
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.fakes import STAMP, unit
-from tests.integration.test_store_contract import DIM, location  # noqa: F401 - the fixture
+from tests.pg import BUILDS, PgServers
 from themis_clip import InputError, MetadataError
 from themis_clip.index.paging import PAGE_WINDOW
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+
+DIM = 16
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
+    ]
+)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """As the store contract's (``test_store_contract.py``): a file, or a new database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "i.db")
+    servers: PgServers = request.getfixturevalue("pg_servers")
+    server = servers.get(request.param.split(", ", 1)[1])
+    return server.url(server.new_database())
 
 
 def photos(n: int = 40) -> list[ItemRow]:
@@ -39,7 +57,7 @@ def words(index: VectorIndex, text: str, filters: dict[str, object] | None = Non
     return [items[i].key for i in ids]
 
 
-def test_lexical_finds_file_names_captions_and_nested_strings(location: str) -> None:  # noqa: F811
+def test_lexical_finds_file_names_captions_and_nested_strings(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)
         index.store.upsert(photos(), dim=DIM)
@@ -73,7 +91,7 @@ def test_lexical_finds_file_names_captions_and_nested_strings(location: str) -> 
         assert words(index, "holiday") == []
 
 
-def test_lexical_index_is_backfilled_on_migration(location: str) -> None:  # noqa: F811
+def test_lexical_index_is_backfilled_on_migration(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)
         index.store.upsert(photos(5), dim=DIM)
@@ -96,7 +114,7 @@ def test_lexical_index_is_backfilled_on_migration(location: str) -> None:  # noq
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["exact", "graph"])
-def test_pages_concatenated_equal_one_query(location: str, graph: bool) -> None:  # noqa: F811
+def test_pages_concatenated_equal_one_query(location: str, graph: bool) -> None:
     many = [
         ItemRow(key=f"k{i:04d}", vector=unit(i), metadata={"g": i % 2, "w": f"w{i % 5}"})
         for i in range(600)
@@ -136,7 +154,7 @@ def test_pages_concatenated_equal_one_query(location: str, graph: bool) -> None:
             assert [h.key for h in first.hits + rest.hits] == [h.key for h in whole.hits]
 
 
-def test_last_page_has_no_next_and_cursors_are_checked(location: str) -> None:  # noqa: F811
+def test_last_page_has_no_next_and_cursors_are_checked(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)
         index.store.upsert(photos(10), dim=DIM)
@@ -163,7 +181,7 @@ def test_last_page_has_no_next_and_cursors_are_checked(location: str) -> None:  
         assert not seen & {h.key for h in again.hits} and len(again.hits) == 4
 
 
-def test_lexical_mode_and_browse_newest_first(location: str) -> None:  # noqa: F811
+def test_lexical_mode_and_browse_newest_first(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)
         index.store.upsert(
