@@ -484,3 +484,58 @@ def test_docs_render_offline_under_the_pages_csp(site: tuple[str, Path], browser
     assert browser.evaluate("document.querySelector('.info .title').textContent").startswith(
         "themis-clip"
     )
+
+
+def names_shown(browser: Browser) -> list[str]:
+    return browser.evaluate(  # type: ignore[no-any-return]
+        "[...document.querySelectorAll('#results figcaption .name')].map(n => n.textContent)"
+    )
+
+
+def test_opens_on_the_library_newest_first_and_loads_more_by_cursor(
+    site: tuple[str, Path], browser: Browser
+) -> None:
+    base, _ = site
+    open_page(browser, base + "/")
+    browser.wait_for("document.getElementById('status').textContent.includes('newest first (24')")
+    first = names_shown(browser)
+    api = httpx.post(base + "/search", json={"mode": "browse", "k": 44}, timeout=60).json()
+    expected = [str(r["path"] or r["id"]).split("/")[-1] for r in api["results"]]
+    assert first == expected[:24]
+    # Folder files (with their file time) first, the items added over HTTP last, newest first.
+    assert expected[-4:] == [XSS_ID.split("/")[-1], "album-b-2", "album-a-1", "album-a-0"]
+    assert browser.evaluate("document.querySelector('#results .score').textContent") == ""
+    browser.evaluate("document.getElementById('more').click()")
+    browser.wait_for("document.querySelectorAll('#results img.thumb').length === 44")
+    assert names_shown(browser) == expected  # the cursor's page continues exactly
+    assert browser.evaluate("document.getElementById('more').hidden")  # nothing more
+
+
+def test_more_like_this_but_and_hybrid_search(site: tuple[str, Path], browser: Browser) -> None:
+    base, _ = site
+    open_page(browser, base + "/")
+    search(browser, "a blue square")
+    browser.evaluate("document.querySelectorAll('#results button.card')[1].click()")
+    browser.wait_for("document.getElementById('viewer').open")
+    name = browser.evaluate("document.getElementById('v-title').textContent")
+    key = browser.evaluate("state.hits[state.current].id")
+    browser.type_text("#v-but", "a red circle")
+    browser.evaluate("document.getElementById('v-but-form').requestSubmit()")
+    browser.wait_for("document.getElementById('status').textContent.includes('but “a red circle”')")
+    assert not browser.evaluate("document.getElementById('viewer').open")
+    body = {"query": [{"item": key}, {"text": "a red circle"}], "k": 24}
+    api = httpx.post(base + "/search", json=body, timeout=60).json()
+    assert names_shown(browser) == [
+        str(r["path"] or r["id"]).split("/")[-1] for r in api["results"]
+    ]
+    plain = httpx.post(base + "/search", json={"item": key, "k": 24}, timeout=60).json()
+    assert [r["id"] for r in plain["results"]] != [r["id"] for r in api["results"]]
+    assert name in names_shown(browser)
+    # Hybrid: a file name's words find that item first, where the vector alone does not.
+    vector_only = search(browser, "album-b-2")
+    assert vector_only and names_shown(browser)[0] != "album-b-2"
+    browser.evaluate("document.getElementById('hybrid').click()")
+    browser.wait_for(
+        "document.querySelector('#results figcaption .name').textContent === 'album-b-2'"
+    )
+    browser.evaluate("document.getElementById('hybrid').click()")

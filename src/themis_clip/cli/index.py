@@ -21,6 +21,7 @@ from themis_clip.cli.common import (
     start_plugin,
 )
 from themis_clip.index.indexer import IndexReport, index_folder
+from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.image import describe_image
@@ -40,6 +41,25 @@ def register(sub: Any) -> None:
     p = sub.add_parser("search", help="search an index by text or by image")
     p.add_argument("query", nargs="?", help="text query")
     p.add_argument("--image", help="image file query (image -> image)")
+    p.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="add a text (or an image file) to the query",
+    )
+    p.add_argument(
+        "--subtract",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="subtract a text (or an image file) from the query (weight -1)",
+    )
+    p.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="also match the words of TEXT in file names, paths and metadata (fused by rank)",
+    )
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -141,19 +161,41 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise CLIError("-k must be >= 1")
+    if (args.query is None) == (args.image is None):
+        raise CLIError("give either a text query or --image FILE")
+    if args.hybrid and not args.query:
+        raise CLIError("--hybrid needs a text query (its words are matched)")
+    filters = _parse_filters(args.filter) or None
     with VectorIndex(index_location(args) or "", readonly=True) as index:
         plugin = start_plugin(args)
         try:
             index.bind_model(stamp_of(plugin))  # refuses an index made by another model
-            hits = index.search(
-                _query_vector(plugin, args.query, args.image),
-                args.k,
-                _parse_filters(args.filter) or None,
-            )
+            parts = [(_query_vector(plugin, args.query, args.image), 1.0)]
+            parts += [(_part_vector(plugin, t), 1.0) for t in args.add]
+            parts += [(_part_vector(plugin, t), -1.0) for t in args.subtract]
         finally:
             plugin.shutdown()
+        vector = combine(parts)
+        if args.hybrid:
+            hits = search_page(
+                index,
+                mode=QueryMode.HYBRID,
+                k=args.k,
+                identity={},
+                vector=vector,
+                text=args.query,
+                filters=filters,
+            ).hits
+        else:
+            hits = index.search(vector, args.k, filters)
     _print_hits(hits, as_json=args.json)
     return 0
+
+
+def _part_vector(plugin: OnnxClipPlugin, value: str) -> np.ndarray:
+    """An --add/--subtract part: an existing file is an image (as rclip reads it), else text."""
+    is_file = Path(value).is_file()
+    return _query_vector(plugin, None if is_file else value, value if is_file else None)
 
 
 def _query_vector(plugin: OnnxClipPlugin, text: str | None, image: str | None) -> np.ndarray:

@@ -228,6 +228,10 @@ class VectorIndex:
             if int(i) in items
         ]
 
+    def check_filters(self, filters: Mapping[str, Any]) -> None:
+        """Raise :class:`MetadataError` for a filter on a key no item has."""
+        self._check_filter_keys(filters)
+
     def _check_filter_keys(self, filters: Mapping[str, Any]) -> None:
         """A filter on a key no item has is a mistake (a typo, or the wrong index): say so."""
         keys = list(validate_filters(filters))

@@ -67,7 +67,31 @@ class IndexItemsRequest(_Strict):
     items: list[IndexItem] = Field(min_length=1, max_length=1024)
 
 
+class QueryPart(_Strict):
+    """One part of a query sum: exactly one of text, image, item or vector, with a weight."""
+
+    text: str | None = None
+    image: str | None = Field(default=None, description="base64 image bytes or a data URL")
+    item: str | None = Field(default=None, min_length=1, max_length=1024)
+    vector: list[StrictFloat] | None = Field(default=None, max_length=65536)
+    weight: float = Field(default=1.0, allow_inf_nan=False, description="-1: subtract")
+
+
 class SearchRequest(_Strict):
+    query: list[QueryPart] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="query arithmetic: the normalised weighted sum of the parts' vectors",
+    )
+    mode: Literal["vector", "hybrid", "lexical", "browse"] = Field(
+        default="vector",
+        description="hybrid: vector and lexical search (file name, path, string metadata) "
+        "fused by reciprocal rank; lexical: words only; browse: no query, newest first",
+    )
+    cursor: str | None = Field(
+        default=None, max_length=4096, description="the previous page's 'next', same query"
+    )
     text: str | None = None
     image: str | None = Field(default=None, description="base64 image bytes or a data URL")
     vector: list[StrictFloat] | None = Field(default=None, max_length=65536)

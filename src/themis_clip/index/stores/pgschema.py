@@ -31,10 +31,12 @@ __all__ = [
     "FACET_VALUES_SQL",
     "INTEGRITY_SQL",
     "KEYS_PRESENT_SQL",
+    "LEXICAL_SQL",
     "MIGRATIONS",
     "MIGRATION_LOCK",
     "PG_SCHEMA_VERSION",
     "TABLES",
+    "TIMELINE_SQL",
     "ensure_extension",
     "filter_sql",
     "first_line",
@@ -44,7 +46,7 @@ __all__ = [
     "schema_version",
 ]
 
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 #: True when the tables agree with each other (:meth:`PgStore.integrity_ok`). Ids come from a
 #: sequence and are never reused, so a removed id that is still an item is a torn write.
 INTEGRITY_SQL = """SELECT
@@ -76,6 +78,32 @@ FACET_VALUES_SQL = (
 TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed")
 MIGRATION_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
 
+#: v2: lexical search (:mod:`themis_clip.index.lexical`): a generated ``tsvector`` of key, path
+#: (``/``, ``.`` and ``-`` as spaces, so ``IMG_4711.jpg`` holds ``img`` and ``4711`` side by
+#: side) and every string in ``doc``, under a GIN index. Adding the generated column fills it
+#: for the rows already stored.
+_FTS_DDL = [
+    """ALTER TABLE themis_items ADD COLUMN IF NOT EXISTS lexical tsvector GENERATED ALWAYS AS (
+        to_tsvector('simple'::regconfig, translate(key || ' ' || coalesce(path, ''), '/.-', '   '))
+        || jsonb_to_tsvector('simple'::regconfig, coalesce(doc, 'null'::jsonb), '["string"]'::jsonb)
+    ) STORED""",
+    "CREATE INDEX IF NOT EXISTS themis_items_lexical ON themis_items USING gin (lexical)",
+]
+#: Ranked ids of the items holding every word of the query (bound: query, filters, limit), best
+#: first by ``ts_rank_cd``, ties by id. ``{filters}`` is empty or `` AND (...)``. The query's
+#: text is read as the documents are (``/``, ``.``, ``-`` as spaces) and as plain words, all
+#: required, so no operator syntax is interpreted (as in SQLite's quoted FTS5 words).
+LEXICAL_SQL = (
+    "SELECT id FROM themis_items, "
+    "plainto_tsquery('simple', translate(%s, '/.-', '   ')) AS q "
+    "WHERE lexical @@ q{filters} ORDER BY ts_rank_cd(lexical, q) DESC, id LIMIT %s"
+)
+
+#: ``(id, taken, mtime, mtime_ns)`` of the items (``{filters}`` as in ``LEXICAL_SQL``).
+TIMELINE_SQL = (
+    "SELECT id, doc -> 'taken', doc -> 'mtime', mtime_ns FROM themis_items WHERE TRUE{filters}"
+)
+
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS themis_meta (key text PRIMARY KEY, value text NOT NULL)",
@@ -102,6 +130,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE themis_removed (id bigint PRIMARY KEY, at bigint NOT NULL)",
         "CREATE INDEX themis_removed_at ON themis_removed (at)",
     ],
+    2: _FTS_DDL,
 }
 
 

@@ -10,11 +10,18 @@ from typing import Any
 
 from themis_clip.index.metadata import comparable, decode_stored, repair
 
-__all__ = ["ADD_FIELDS", "FILTER_TERM", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
+__all__ = [
+    "ADD_FIELDS",
+    "FILTER_TERM",
+    "LEXICAL_SQL",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "fields_of",
+]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # One filter term, constant SQL: key, kind and value are bound parameters.
 FILTER_TERM = "SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?"
 ADD_FIELDS = "INSERT OR REPLACE INTO fields(id, key, kind, value) SELECT id, ?, ?, ? FROM items"
@@ -69,6 +76,34 @@ def _index_fields(db: sqlite3.Connection) -> None:
     )
 
 
+# The words lexical search finds an item by: its key, path and metadata's string values
+# (nested ones too; metadata an older version let in unreadable counts as none).
+_LEXICAL_ROW = (
+    "SELECT {p}id, {p}key, coalesce({p}path, ''), coalesce((SELECT group_concat(value, ' ') "
+    "FROM json_tree(CASE WHEN json_valid({p}metadata) THEN {p}metadata ELSE 'null' END) "
+    "WHERE type = 'text'), '')"
+)
+#: v6: lexical search (:mod:`themis_clip.index.lexical`): an FTS5 table kept by triggers, so
+#: every writer (upsert, rename, delete) keeps it current; filled from the rows already stored.
+_FTS_DDL: list[str | Callable[[sqlite3.Connection], None]] = [
+    "CREATE VIRTUAL TABLE IF NOT EXISTS lexical USING fts5(key, path, meta, "
+    "tokenize = \"unicode61 tokenchars '_'\")",
+    "CREATE TRIGGER IF NOT EXISTS items_lexical_insert AFTER INSERT ON items BEGIN "
+    "INSERT INTO lexical(rowid, key, path, meta) " + _LEXICAL_ROW.format(p="new.") + "; END",
+    "CREATE TRIGGER IF NOT EXISTS items_lexical_update AFTER UPDATE OF key, path, metadata "  # noqa: S608
+    "ON items BEGIN DELETE FROM lexical WHERE rowid = old.id; "
+    "INSERT INTO lexical(rowid, key, path, meta) " + _LEXICAL_ROW.format(p="new.") + "; END",
+    "CREATE TRIGGER IF NOT EXISTS items_lexical_delete AFTER DELETE ON items BEGIN "
+    "DELETE FROM lexical WHERE rowid = old.id; END",
+    "DELETE FROM lexical",
+    "INSERT INTO lexical(rowid, key, path, meta) " + _LEXICAL_ROW.format(p="") + " FROM items",
+]
+#: Ranked ids of the items matching an FTS5 query (bound: the query, then the limit); best
+#: first by BM25, ties by id. ``{filters}`` is empty or `` AND rowid IN (...)``.
+LEXICAL_SQL = (
+    "SELECT rowid FROM lexical WHERE lexical MATCH ?{filters} ORDER BY bm25(lexical), rowid LIMIT ?"
+)
+
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -97,4 +132,6 @@ MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     4: [_track_changes],
     # v5: filters and facets by index (a table of top-level values), not by scanning JSON.
     5: [_index_fields],
+    # v6: lexical search over key, path and string metadata (FTS5).
+    6: _FTS_DDL,
 }

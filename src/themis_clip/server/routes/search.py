@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import numpy as np
 from fastapi import APIRouter
 from fastapi.responses import Response
 
@@ -18,17 +17,13 @@ from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute
-from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
+from themis_clip.server.payloads import check_key, decode_image_fields, raise_for
+from themis_clip.server.querying import run_search
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
-from themis_clip.server.weak import WeakLine, measure_weak_line, random_texts
-from themis_clip.vocabulary import ModelIdentity
 
 router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
 writes = APIRouter(route_class=PreparsedJSONRoute, dependencies=[WRITE])  # ingest needs no search
-
-#: above this many items no weak-match line is measured (see server/weak.py)
-MAX_MEASURED_ITEMS = 200_000
 
 
 @writes.post("/index/items")
@@ -79,116 +74,9 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
 
 @router.post("/search")
 async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
-    idx = state.require_index()
-    given = [x is not None for x in (body.text, body.image, body.vector, body.item)]
-    if sum(given) != 1:
-        raise APIError(
-            422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
-        )
-    check_filters(body.filters)
-    if body.item is not None:
-        check_key(body.item, "item")
-    if body.item is not None:  # stored vectors against stored vectors: one space, always
-        item_key = body.item
-
-        def like() -> tuple[list[Any], str, str]:
-            stamp = idx.stamp
-            try:  # "more like this": the item itself is no answer
-                hits = idx.search_like(item_key, body.k + 1, body.filters)
-            except KeyError:
-                raise APIError(404, "NotFound", f"no item {item_key!r}") from None
-            hits = [h for h in hits if h.key != item_key][: body.k]
-            return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
-
-        hits, mode, space = await asyncio.to_thread(like)
-        return _results(hits, mode, space)
-    if body.vector is not None:
-        query = np.asarray(body.vector, dtype=np.float32)
-        current = state.stamp()
-        dim = idx.stamp.dim if idx.stamp is not None else current.embedding_dim
-        if query.shape != (dim,):
-            raise APIError(
-                422,
-                "ValidationError",
-                f"vector: {query.size} components; this index's vectors have {dim}",
-            )
-        norm = float(np.linalg.norm(query))
-        if not np.isfinite(norm) or norm == 0:
-            raise APIError(422, "ValidationError", "vector must be finite and non-zero")
-        query /= norm
-    else:
-        for _ in range(3):  # the query and the index check must see the same model
-            result = await (
-                state.embed_text(body.text, body.language)
-                if body.text is not None
-                else state.embed_image((await decode_image_fields([body.image or ""]))[0])
-            )
-            raise_for(result, "query")
-            current = state.stamp()
-            if result.model_id == current.model_id:
-                break
-        assert result.embedding is not None
-        query = result.embedding
-
-    def run() -> tuple[list[Any], str]:
-        if idx.stamp is not None:
-            idx.bind_model(current)  # 409 when the index was built by another model
-        return idx.search(query, body.k, body.filters), idx.mode
-
-    hits, mode = await asyncio.to_thread(run)
-    out = _results(hits, mode, current.model_id)
-    if body.text is not None:  # text → image: say where scores stop meaning a match
-        line = await _weak_line(state, current)
-        if line is not None:
-            out["weak_below"] = line.score
-            out["weak_basis"] = line.describe()
-    return out
-
-
-async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None:
-    """The weak-match line of this model on this index (server/weak.py), cached per version."""
-    idx = state.require_index()
-
-    def version() -> int:
-        return idx.store.write_version
-
-    key = (current.model_id, await asyncio.to_thread(version))
-    if key in state.weak_lines:
-        line: WeakLine | None = state.weak_lines[key]
-        return line
-    texts = await state.embed_texts(random_texts())
-    if not all(r.ok and r.model_id == current.model_id for r in texts):
-        return None
-    text_vectors = np.stack([r.embedding for r in texts if r.embedding is not None])
-
-    def measure() -> WeakLine | None:
-        if idx.store.count() > MAX_MEASURED_ITEMS:
-            return None  # loading every vector to sample them would cost more than it tells
-        _, vectors = idx.store.load_vectors(current.dim)
-        return measure_weak_line(text_vectors, vectors)
-
-    line = await asyncio.to_thread(measure)
-    state.weak_lines.clear()  # one line is kept: this model's, on this version of the index
-    state.weak_lines[key] = line
-    return line
-
-
-def _results(hits: list[Any], mode: str, model_id: str) -> dict[str, Any]:
-    return {
-        "results": [
-            {
-                "id": h.key,
-                "score": h.score,
-                "path": h.path,
-                "metadata": h.metadata,
-                "thumbnail": f"/items/{quote(h.key, safe='')}/thumbnail",
-                "preview": f"/items/{quote(h.key, safe='')}/preview",
-            }
-            for h in hits
-        ],
-        "model_id": model_id,
-        "mode": mode,
-    }
+    """One page: a query (one part or a weighted sum), by vector, words or both (hybrid), or
+    the library newest first (browse); ``next`` continues it (:mod:`..querying`)."""
+    return await run_search(body, state)
 
 
 @router.get("/index/info")

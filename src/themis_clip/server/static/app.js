@@ -4,13 +4,14 @@
 'use strict';
 
 const PAGE = 24;
-const MAX_K = 1000;
 const $ = (id) => document.getElementById(id);
 const state = {
-  query: null,        // {text} | {image} | {item}: what /search receives besides k and filters
+  query: null,        // {text} | {image} | {item} | {query: [...]} | {mode: 'browse'}: what
+                      // /search receives besides k, filters and cursor
   label: '',          // how the query is described to the user
-  k: PAGE,
   hits: [],
+  next: null,         // the cursor of the next page (null: no more)
+  seq: 0,             // the latest search; answers to older ones are dropped
   filters: {},
   current: -1,        // index of the hit shown in the viewer
   imageUrl: null,     // object URL of the query image preview
@@ -224,7 +225,7 @@ async function loadInfo() {
       setStatus('The index is empty. Add pictures with "themis-clip index DIR --index PATH" ' +
         'or POST /index/items, then search here.', 'empty');
     } else if (!state.query) {
-      setStatus('Type what you are looking for, or search with a picture.', '');
+      browse();  // no query yet: the library, newest first (as photo apps open on the timeline)
     }
   } else {
     parts.push('no index');
@@ -267,24 +268,39 @@ async function loadFilters() {
   $('filters-box').hidden = box.children.length === 0;
 }
 
+// Browse: no query, the library newest first (by when taken, else file time, else added).
+function browse() {
+  state.query = {mode: 'browse'};
+  state.label = 'the library';
+  run(true);
+}
+
+// One page of the current query: reset starts over, else the cursor continues it ("Load more").
 async function run(reset) {
   if (!state.query) return;
-  if (reset) state.k = PAGE;
-  const body = Object.assign({k: state.k}, state.query);
+  const seq = ++state.seq;
+  const body = Object.assign({k: PAGE}, state.query);
+  if (!reset && state.next) body.cursor = state.next;
+  if ($('hybrid').checked && state.query.text !== undefined) body.mode = 'hybrid';
   if (Object.keys(state.filters).length) body.filters = state.filters;
-  setStatus('Searching ' + state.label + '…', 'busy');
+  setStatus((state.query.mode === 'browse' ? 'Opening ' : 'Searching ') + state.label + '…', 'busy');
   $('results').setAttribute('aria-busy', 'true');
   try {
     const data = await api('/search', body);
-    state.hits = data.results;
-    render(data);
+    if (seq !== state.seq) return;  // a newer search has started since
+    const from = reset ? 0 : state.hits.length;
+    state.hits = reset ? data.results : state.hits.concat(data.results);
+    state.next = data.next;
+    render(data, from);
   } catch (error) {
+    if (seq !== state.seq) return;
     state.hits = [];
+    state.next = null;
     $('results').replaceChildren();
     $('more').hidden = true;
     setStatus(explain(error), 'error');
   } finally {
-    $('results').removeAttribute('aria-busy');
+    if (seq === state.seq) $('results').removeAttribute('aria-busy');
   }
 }
 
@@ -298,13 +314,18 @@ function weakDivider(data) {
   return divider;
 }
 
-function render(data) {
+function render(data, from) {
   const list = $('results');
-  forgetImages(list);
-  list.replaceChildren();
+  const browsing = state.query.mode === 'browse';
+  if (from === 0) {
+    forgetImages(list);
+    list.replaceChildren();
+  }
+  // Over every page shown so far, so that "Load more" keeps the divider where it belongs.
   const weakAt = typeof data.weak_below === 'number' ?
-    data.results.findIndex((hit) => hit.score < data.weak_below) : -1;
-  data.results.forEach((hit, i) => {
+    state.hits.findIndex((hit) => hit.score < data.weak_below) : -1;
+  state.hits.slice(from).forEach((hit, j) => {
+    const i = from + j;
     const item = document.createElement('li');
     const figure = document.createElement('figure');
     const card = document.createElement('button');
@@ -323,7 +344,7 @@ function render(data) {
     const caption = document.createElement('figcaption');
     const score = document.createElement('span');
     score.className = 'score';
-    score.textContent = hit.score.toFixed(3);
+    score.textContent = browsing ? '' : hit.score.toFixed(3);
     const name = document.createElement('span');
     name.className = 'name';
     name.textContent = nameOf(hit);
@@ -334,11 +355,15 @@ function render(data) {
     if (weakAt === i) list.append(weakDivider(data));
     list.append(item);
   });
-  const n = data.results.length;
+  const n = state.hits.length;
   const weak = weakAt < 0 ? 0 : n - weakAt;
   if (n === 0 && indexSize === 0) {
     setStatus('The index is empty: there is nothing to search yet. Add pictures with ' +
       '"themis-clip index DIR --index PATH" or POST /index/items.', 'empty');
+  } else if (browsing) {
+    setStatus(n ? 'The library, newest first (' + n + (data.next ? ' shown' : ' pictures') + '). ' +
+      'Type what you are looking for, or search with a picture.' :
+      'Type what you are looking for, or search with a picture.', '');
   } else if (n === 0) {
     setStatus('No results for ' + state.label + '. ' + (Object.keys(state.filters).length ?
       'Try removing a filter.' : 'Try other words or another picture.'), 'empty');
@@ -348,7 +373,7 @@ function render(data) {
       (weak === n ? ' · no good match: every result is weak' : weak ? ' · ' + weak + ' weak' : ''),
       '');
   }
-  $('more').hidden = !(n >= state.k && state.k < MAX_K);
+  $('more').hidden = !data.next;
 }
 
 function searchText(text) {
@@ -393,12 +418,14 @@ function clearImage() {
   $('query-img').removeAttribute('src');
 }
 
-function moreLikeThis(hit) {
+function moreLikeThis(hit, but) {
   $('viewer').close();
-  showQueryImage(hit.thumbnail, '“' + nameOf(hit) + '” (more like this)');
+  const twist = but ? ', but “' + but + '”' : '';
+  showQueryImage(hit.thumbnail, '“' + nameOf(hit) + '” (more like this' + twist + ')');
   $('q').value = '';  // the box shows the query: now a picture, not the old text
-  state.query = {item: hit.id};
-  state.label = 'pictures like “' + nameOf(hit) + '”';
+  // "More like this, but...": the item's stored vector plus the text (query arithmetic).
+  state.query = but ? {query: [{item: hit.id}, {text: but}]} : {item: hit.id};
+  state.label = 'pictures like “' + nameOf(hit) + '”' + twist;
   run(true);
 }
 
@@ -495,10 +522,7 @@ function setUp() {
   });
   $('clear-image').addEventListener('click', () => {
     clearImage();
-    state.query = null;
-    $('results').replaceChildren();
-    $('more').hidden = true;
-    setStatus('', '');
+    browse();
   });
   const drop = $('drop');
   drop.addEventListener('dragover', (event) => { event.preventDefault(); drop.classList.add('over'); });
@@ -516,14 +540,17 @@ function setUp() {
       searchFile(image);
     }
   });
-  $('more').addEventListener('click', () => {
-    state.k = Math.min(MAX_K, state.k + PAGE);
-    run(false);
-  });
+  $('more').addEventListener('click', () => run(false));
+  $('hybrid').addEventListener('change', () => { if (state.query && state.query.text !== undefined) run(true); });
   $('v-close').addEventListener('click', () => $('viewer').close());
   $('v-prev').addEventListener('click', () => openViewer(state.current - 1));
   $('v-next').addEventListener('click', () => openViewer(state.current + 1));
   $('v-like').addEventListener('click', () => moreLikeThis(state.hits[state.current]));
+  $('v-but-form').addEventListener('submit', (event) => {
+    event.preventDefault();
+    const but = $('v-but').value.trim();
+    if (but) moreLikeThis(state.hits[state.current], but);
+  });
   $('v-labels-form').addEventListener('submit', classify);
   $('viewer').addEventListener('keydown', (event) => {
     if (event.target instanceof HTMLInputElement) return;

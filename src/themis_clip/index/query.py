@@ -1,0 +1,238 @@
+"""Queries beyond one vector: arithmetic, lexical and hybrid search, browsing, and pages.
+
+- **Arithmetic** (rclip's semantics): the query vector is the normalised weighted sum of the
+  parts' normalised vectors (:func:`combine`); "subtract" is a part of weight -1. The parts'
+  vectors come from the caller (the server or the CLI embeds text and images; the index never
+  imports model code); an item's stored vector is :meth:`Store.vector`.
+- **Modes** (:class:`QueryMode`): ``vector`` (cosine similarity), ``lexical`` (the store's
+  full-text index over key, path and string metadata: :mod:`.lexical`), ``hybrid`` (both,
+  fused by reciprocal rank), ``browse`` (no query: the library newest first).
+- **Pages** (:func:`search_page`): the cursor scheme of :mod:`.paging`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.errors import InputError
+from themis_clip.index.lexical import MAX_QUERY_CHARS, fuse
+from themis_clip.index.paging import Cursor, decode_cursor, encode_cursor, fingerprint, window
+
+if TYPE_CHECKING:
+    from themis_clip.index.search import Hit, VectorIndex
+
+__all__ = ["Page", "QueryMode", "combine", "newest_first", "search_page"]
+
+
+class QueryMode(StrEnum):
+    """What a search ranks by."""
+
+    VECTOR = "vector"
+    HYBRID = "hybrid"
+    LEXICAL = "lexical"
+    BROWSE = "browse"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Page:
+    """One page of results; ``next`` continues the query (None: this was the last page)."""
+
+    hits: list[Hit]
+    next: str | None
+
+
+def combine(parts: Sequence[tuple[npt.NDArray[np.float32], float]]) -> npt.NDArray[np.float32]:
+    """The query vector of ``(vector, weight)`` parts: the normalised weighted sum of the
+    parts' normalised vectors.
+
+    Returns:
+        A unit float32 vector of the parts' dimension.
+
+    Raises:
+        InputError: no parts, parts of different dimensions, a zero, NaN or infinite vector
+            or weight, or parts that cancel out.
+    """
+    if not parts:
+        raise InputError("query: give at least one part")
+    total: npt.NDArray[np.float64] | None = None
+    for i, (vector, weight) in enumerate(parts):
+        v = np.asarray(vector, dtype=np.float64).reshape(-1)
+        if not math.isfinite(weight) or weight == 0:
+            raise InputError(f"query[{i}].weight: must be a finite, non-zero number")
+        norm = float(np.linalg.norm(v))
+        if not math.isfinite(norm) or norm == 0:
+            raise InputError(f"query[{i}]: its vector is zero, NaN or infinite")
+        if total is not None and v.shape != total.shape:
+            raise InputError(f"query[{i}]: {v.size} dimensions, the first part {total.size}")
+        total = weight * v / norm if total is None else total + weight * v / norm
+    assert total is not None
+    norm = float(np.linalg.norm(total))
+    if not norm > 1e-6:
+        raise InputError("query: the parts cancel out (their weighted sum is zero)")
+    return (total / norm).astype(np.float32)
+
+
+def _seconds(value: Any) -> float | None:
+    """A time as seconds since the epoch: a number (seconds; larger ones read as ms, µs or
+    ns), a numeric string, or an ISO 8601 date (naive: UTC). None: not a time."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                try:  # EXIF's own form: 2024:05:01 12:00:00
+                    when = datetime.strptime(text[:19], "%Y:%m:%d %H:%M:%S")
+                except ValueError:
+                    return None
+            return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    seconds = float(value)
+    while abs(seconds) > 1e11:  # milliseconds, microseconds or nanoseconds
+        seconds /= 1000
+    return seconds
+
+
+def newest_first(rows: Sequence[tuple[int, Any, Any, Any]]) -> list[int]:
+    """Ids of ``(id, taken, mtime, mtime_ns)`` rows newest first: by metadata ``taken`` where
+    it is a time, else metadata ``mtime``, else the file's ``mtime_ns``; items with none come
+    after, newest inserted (highest id) first."""
+
+    def when(row: tuple[int, Any, Any, Any]) -> tuple[int, float, int]:
+        for value in row[1:3]:
+            seconds = _seconds(value)
+            if seconds is not None:
+                return 1, seconds, row[0]
+        if isinstance(row[3], int) and not isinstance(row[3], bool):
+            return 1, row[3] / 1e9, row[0]
+        return 0, 0.0, row[0]
+
+    return [row[0] for row in sorted(rows, key=when, reverse=True)]
+
+
+def search_page(
+    index: VectorIndex,
+    *,
+    mode: QueryMode,
+    k: int,
+    identity: Mapping[str, Any],
+    vector: npt.NDArray[np.float32] | None = None,
+    text: str | None = None,
+    filters: Mapping[str, Any] | None = None,
+    cursor: str | None = None,
+    exclude: frozenset[str] = frozenset(),
+) -> Page:
+    """One page of a query's results.
+
+    Args:
+        index: the index searched.
+        mode: what to rank by; ``vector`` needs ``vector``, ``lexical`` needs ``text``,
+            ``hybrid`` both, ``browse`` neither.
+        k: results on this page.
+        identity: what the query is, JSON-able (parts, weights, filters, model): a cursor
+            continues only the query with the same identity.
+        vector: the unit query vector (``combine``'s).
+        text: the words of a lexical or hybrid query.
+        filters: metadata key → value that results must have.
+        cursor: the previous page's ``next`` (None: the first page).
+        exclude: keys that are no answer (the items of a "more like this" query).
+
+    Raises:
+        InputError: a bad cursor, a mode without what it needs, or paging past ``MAX_K``.
+    """
+    from themis_clip.index.search import MAX_K
+
+    query_id = fingerprint({"mode": str(mode), "filters": filters or None, "query": identity})
+    after = decode_cursor(cursor, query=query_id) if cursor is not None else None
+    offset = after.offset if after else 0
+    if offset + k > MAX_K:
+        raise InputError(f"cursor: pages reach at most {MAX_K} results")
+    if mode in (QueryMode.VECTOR, QueryMode.HYBRID) and vector is None:
+        raise InputError(f"mode {mode}: give a query to embed (text, image, item or vector)")
+    if mode in (QueryMode.LEXICAL, QueryMode.HYBRID):
+        if not text or not text.strip():
+            raise InputError(f"mode {mode}: give a text part to search the words of")
+        if len(text) > MAX_QUERY_CHARS:
+            raise InputError(f"text: at most {MAX_QUERY_CHARS} characters for lexical search")
+    size = window(offset + k + 1 + len(exclude), most=MAX_K)
+    ranked = [h for h in _ranked(index, mode, size, vector, text, filters) if h.key not in exclude]
+    start = _resume(ranked, after)
+    hits = ranked[start : start + k]
+    more = len(ranked) > start + len(hits) and bool(hits)
+    token = (
+        encode_cursor(Cursor(query=query_id, offset=start + len(hits), key=hits[-1].key))
+        if more
+        else None
+    )
+    return Page(hits=hits, next=token)
+
+
+def _resume(ranked: Sequence[Hit], after: Cursor | None) -> int:
+    """Where the next page starts: right after the cursor's last item (at its offset when
+    nothing changed; where that item is now when the index changed), else at the offset."""
+    if after is None:
+        return 0
+    at = after.offset
+    if 0 < at <= len(ranked) and ranked[at - 1].key == after.key:
+        return at
+    for i, hit in enumerate(ranked):
+        if hit.key == after.key:
+            return i + 1
+    return min(at, len(ranked))
+
+
+def _ranked(
+    index: VectorIndex,
+    mode: QueryMode,
+    size: int,
+    vector: npt.NDArray[np.float32] | None,
+    text: str | None,
+    filters: Mapping[str, Any] | None,
+) -> list[Hit]:
+    from themis_clip.index.search import Hit
+
+    if mode == QueryMode.BROWSE:
+        if filters:
+            index.check_filters(filters)
+        ids = newest_first(index.store.timeline(filters))[:size]
+        items = index.store.items_by_id(ids)
+        return [
+            Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)
+            for i in ids
+            if i in items
+        ]
+    by_vector: list[Hit] = []
+    if mode != QueryMode.LEXICAL:
+        assert vector is not None
+        by_vector = sorted(index.search(vector, size, filters), key=lambda h: (-h.score, h.key))
+        if mode == QueryMode.VECTOR:
+            return by_vector
+    assert text is not None
+    if filters:
+        index.check_filters(filters)
+    ids = index.store.lexical(text, size, filters)
+    items = index.store.items_by_id(ids)
+    by_words = [
+        Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)
+        for i in ids
+        if i in items
+    ]
+    known = {h.key: h for h in [*by_words, *by_vector]}
+    fused = fuse([[h.key for h in by_words], [h.key for h in by_vector]])[:size]
+    return [
+        Hit(key=key, score=score, path=known[key].path, metadata=known[key].metadata)
+        for key, score in fused
+    ]

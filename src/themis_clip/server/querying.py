@@ -1,0 +1,228 @@
+"""``/search``'s query: its parts embedded (text and images here, the model's side; items and
+vectors from the request and the index), combined and run as one page
+(:mod:`themis_clip.index.query` does the arithmetic, modes and paging)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.index.query import QueryMode, combine, search_page
+from themis_clip.index.search import Hit, VectorIndex
+from themis_clip.server.errors import APIError
+from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
+from themis_clip.server.schemas import QueryPart, SearchRequest
+from themis_clip.server.state import AppState
+from themis_clip.server.weak import WeakLine, measure_weak_line, random_texts
+from themis_clip.vocabulary import ModelIdentity
+
+__all__ = ["run_search"]
+
+#: above this many items no weak-match line is measured (see server/weak.py)
+MAX_MEASURED_ITEMS = 200_000
+
+
+def _parts(body: SearchRequest) -> list[QueryPart]:
+    single = [x is not None for x in (body.text, body.image, body.vector, body.item)]
+    if body.query is not None:
+        if any(single):
+            raise APIError(
+                422,
+                "ValidationError",
+                "give either 'query' or one of 'text', 'image', 'vector' or 'item', not both",
+            )
+        for i, part in enumerate(body.query):
+            given = [x is not None for x in (part.text, part.image, part.vector, part.item)]
+            if sum(given) != 1:
+                raise APIError(
+                    422,
+                    "ValidationError",
+                    f"query[{i}]: give exactly one of 'text', 'image', 'vector' or 'item'",
+                )
+        return list(body.query)
+    if sum(single) > 1 or (not any(single) and body.mode != "browse"):
+        raise APIError(
+            422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
+        )
+    if not any(single):
+        return []
+    return [QueryPart(text=body.text, image=body.image, vector=body.vector, item=body.item)]
+
+
+def _identity(part: QueryPart) -> dict[str, Any]:
+    if part.text is not None:
+        what: dict[str, Any] = {"text": part.text}
+    elif part.item is not None:
+        what = {"item": part.item}
+    else:
+        data = part.image if part.image is not None else repr(part.vector)
+        what = {("image" if part.image is not None else "vector"): _digest(data)}
+    return {**what, "weight": part.weight}
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+async def _embedded(
+    parts: list[QueryPart], state: AppState, language: str | None
+) -> tuple[dict[int, npt.NDArray[np.float32]], ModelIdentity]:
+    """The text and image parts' embeddings by part number, all by the current model."""
+    texts = [(i, p.text) for i, p in enumerate(parts) if p.text is not None]
+    images = [(i, p.image) for i, p in enumerate(parts) if p.image is not None]
+    data = await decode_image_fields([image or "" for _, image in images]) if images else []
+    for _ in range(3):  # the query and the index check must see the same model
+        results = [
+            *(await state.embed_texts([t or "" for _, t in texts], language) if texts else []),
+            *(await state.embed_images(data) if data else []),
+        ]
+        for r in results:
+            raise_for(r, "query")
+        current = state.stamp()
+        if all(r.model_id == current.model_id for r in results):
+            break
+    out = {}
+    for (i, _), r in zip([*texts, *images], results, strict=True):
+        assert r.embedding is not None
+        out[i] = r.embedding
+    return out, current
+
+
+async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
+    """One page of ``body``'s query over the server's index, as ``/search`` answers it."""
+    idx = state.require_index()
+    mode = QueryMode(body.mode)
+    check_filters(body.filters)
+    parts = _parts(body)
+    for i, part in enumerate(parts):
+        if part.item is not None:
+            check_key(part.item, "item" if body.item is not None else f"query[{i}].item")
+    if mode == QueryMode.BROWSE and parts:
+        raise APIError(
+            422, "ValidationError", "mode 'browse' takes no query (it lists newest first)"
+        )
+    words = " ".join(p.text for p in parts if p.text is not None and p.weight > 0)
+    modelled = any(p.text is not None or p.image is not None for p in parts)
+    needs_vector = mode in (QueryMode.VECTOR, QueryMode.HYBRID)
+    embedded: dict[int, npt.NDArray[np.float32]] = {}
+    current: ModelIdentity | None = None
+    if needs_vector and modelled:
+        embedded, current = await _embedded(parts, state, body.language)
+
+    def run() -> tuple[list[Hit], str | None, str, str]:
+        stamp = idx.stamp
+        if current is not None and stamp is not None:
+            idx.bind_model(current)  # 409 when the index was built by another model
+        space = current.model_id if current else stamp.model_id if stamp else state.stamp().model_id
+        vector = _combined(parts, embedded, idx, current) if needs_vector else None
+        page = search_page(
+            idx,
+            mode=mode,
+            k=body.k,
+            identity={
+                "parts": [_identity(p) for p in parts],
+                "language": body.language,
+                "space": space,
+            },
+            vector=vector,
+            text=words or None,
+            filters=body.filters,
+            cursor=body.cursor,
+            # "more like this": the items the query is made of are no answer
+            exclude=frozenset(p.item for p in parts if p.item is not None and p.weight > 0),
+        )
+        return page.hits, page.next, idx.mode, space
+
+    hits, token, kind, space = await asyncio.to_thread(run)
+    out = {**results(hits, kind, space), "next": token}
+    if current is not None and parts and all(p.text is not None for p in parts):
+        line = await _weak_line(state, current)  # text → image: where a match stops meaning one
+        if line is not None:
+            out["weak_below"] = line.score
+            out["weak_basis"] = line.describe()
+    return out
+
+
+async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None:
+    """The weak-match line of this model on this index (server/weak.py), cached per version."""
+    idx = state.require_index()
+
+    def version() -> int:
+        return idx.store.write_version
+
+    key = (current.model_id, await asyncio.to_thread(version))
+    if key in state.weak_lines:
+        line: WeakLine | None = state.weak_lines[key]
+        return line
+    texts = await state.embed_texts(random_texts())
+    if not all(r.ok and r.model_id == current.model_id for r in texts):
+        return None
+    text_vectors = np.stack([r.embedding for r in texts if r.embedding is not None])
+
+    def measure() -> WeakLine | None:
+        if idx.store.count() > MAX_MEASURED_ITEMS:
+            return None  # loading every vector to sample them would cost more than it tells
+        _, vectors = idx.store.load_vectors(current.dim)
+        return measure_weak_line(text_vectors, vectors)
+
+    line = await asyncio.to_thread(measure)
+    state.weak_lines.clear()  # one line is kept: this model's, on this version of the index
+    state.weak_lines[key] = line
+    return line
+
+
+def _combined(
+    parts: list[QueryPart],
+    embedded: dict[int, npt.NDArray[np.float32]],
+    idx: VectorIndex,
+    current: ModelIdentity | None,
+) -> npt.NDArray[np.float32]:
+    stamp = idx.stamp
+    dim = stamp.dim if stamp is not None else current.embedding_dim if current else None
+    vectors: list[tuple[npt.NDArray[np.float32], float]] = []
+    for i, part in enumerate(parts):
+        where = "vector" if len(parts) == 1 and part.vector is not None else f"query[{i}]"
+        if i in embedded:
+            vector = embedded[i]
+        elif part.item is not None:
+            stored = idx.store.vector(part.item)
+            if stored is None:
+                raise APIError(404, "NotFound", f"no item {part.item!r}")
+            vector = stored
+        else:
+            with np.errstate(over="ignore"):  # too large for float32: infinite, refused below
+                vector = np.asarray(part.vector, dtype=np.float32)
+            if dim is not None and vector.shape != (dim,):
+                raise APIError(
+                    422,
+                    "ValidationError",
+                    f"{where}: {vector.size} components; this index's vectors have {dim}",
+                )
+            norm = float(np.linalg.norm(vector))
+            if not np.isfinite(norm) or norm == 0:
+                raise APIError(422, "ValidationError", f"{where} must be finite and non-zero")
+        vectors.append((vector, part.weight))
+    return combine(vectors)
+
+
+def results(hits: list[Hit], mode: str, model_id: str) -> dict[str, Any]:
+    return {
+        "results": [
+            {
+                "id": h.key,
+                "score": h.score,
+                "path": h.path,
+                "metadata": h.metadata,
+                "thumbnail": f"/items/{quote(h.key, safe='')}/thumbnail",
+                "preview": f"/items/{quote(h.key, safe='')}/preview",
+            }
+            for h in hits
+        ],
+        "model_id": model_id,
+        "mode": mode,
+    }

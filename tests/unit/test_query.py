@@ -1,0 +1,103 @@
+"""The pure parts of queries: arithmetic, rank fusion, FTS5 query text, cursors, the timeline."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from themis_clip import InputError
+from themis_clip.index.lexical import RRF_K, fts5_query, fuse
+from themis_clip.index.paging import (
+    PAGE_WINDOW,
+    Cursor,
+    decode_cursor,
+    encode_cursor,
+    fingerprint,
+    window,
+)
+from themis_clip.index.query import combine, newest_first
+
+
+def test_combine_is_the_normalised_weighted_sum_of_normalised_parts() -> None:
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(8).astype(np.float32) * s for s in (1, 5, 0.1))
+    got = combine([(a, 1.0), (b, 0.5), (c, -1.0)])
+    n = lambda v: v / np.linalg.norm(v)  # noqa: E731
+    assert got.dtype == np.float32 and np.allclose(got, n(n(a) + 0.5 * n(b) - n(c)), atol=1e-6)
+    assert np.allclose(combine([(b, 3.0)]), n(b), atol=1e-6)  # one part: itself, scale-free
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ([], "at least one"),
+        ([(np.ones(4), 1.0), (np.ones(4), -1.0)], "cancel out"),
+        ([(np.zeros(4), 1.0)], "zero"),
+        ([(np.full(4, np.nan), 1.0)], "NaN"),
+        ([(np.ones(4), 0.0)], "weight"),
+        ([(np.ones(4), float("inf"))], "weight"),
+        ([(np.ones(4), 1.0), (np.ones(3), 1.0)], "dimensions"),
+    ],
+)
+def test_combine_refuses_what_has_no_direction(parts: list, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(InputError, match=message):
+        combine(parts)
+
+
+def test_fuse_is_reciprocal_rank_fusion() -> None:
+    fused = dict(fuse([["a", "b", "c"], ["c", "a"]]))
+    assert fused["a"] == pytest.approx(1 / (RRF_K + 1) + 1 / (RRF_K + 2))
+    assert fused["c"] == pytest.approx(1 / (RRF_K + 3) + 1 / (RRF_K + 1))
+    assert [k for k, _ in fuse([["a", "b", "c"], ["c", "a"]])] == ["a", "c", "b"]
+    assert [k for k, _ in fuse([["x", "y"], ["y", "x"]])] == ["x", "y"]  # tie: first seen
+
+
+def test_fts5_query_quotes_every_word() -> None:
+    assert fts5_query("IMG_4711") == '"IMG_4711"'
+    assert fts5_query('red "boat" OR') == '"red" AND """boat""" AND "OR"'
+    assert fts5_query("  -- * ") is None and fts5_query("") is None
+
+
+def test_cursor_round_trip_and_refusals() -> None:
+    q = fingerprint({"text": "a dog"})
+    assert q == fingerprint({"text": "a dog"}) != fingerprint({"text": "a cat"})
+    token = encode_cursor(Cursor(query=q, offset=24, key="photos/é.jpg"))
+    assert decode_cursor(token, query=q) == Cursor(query=q, offset=24, key="photos/é.jpg")
+    assert "=" not in token and "/" not in token and "+" not in token  # URL-safe, unpadded
+    with pytest.raises(InputError, match="another query"):
+        decode_cursor(token, query=fingerprint({"text": "a cat"}))
+    raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    edited = raw[:12] + raw[12:].replace(b"24", b"99")
+    for bad in (
+        base64.urlsafe_b64encode(edited).decode(),  # the check no longer matches
+        token[:-4],
+        "",
+        "!!!",
+        "A" * 5000,
+        base64.urlsafe_b64encode(b"x" * 12 + json.dumps([1, q, 3, "k"]).encode()).decode(),
+    ):
+        with pytest.raises(InputError, match="not a cursor"):
+            decode_cursor(bad, query=q)
+
+
+def test_window_rounds_up_to_whole_windows() -> None:
+    assert window(1, most=10_000) == PAGE_WINDOW
+    assert window(PAGE_WINDOW, most=10_000) == PAGE_WINDOW
+    assert window(PAGE_WINDOW + 1, most=10_000) == 2 * PAGE_WINDOW
+    assert window(9_999, most=10_000) == 10_000
+
+
+def test_newest_first_reads_taken_then_mtime_then_file_time_then_insertion() -> None:
+    rows = [
+        (1, None, None, None),
+        (2, "2024-05-01T12:00:00Z", None, None),
+        (3, "2023:01:02 03:04:05", 1_800_000_000, None),  # EXIF form beats a newer mtime
+        (4, None, 1_700_000_000_000, None),  # milliseconds
+        (5, "garbage", None, 1_600_000_000 * 10**9),
+        (6, True, "nope", None),
+        (7, None, "1750000000", None),
+    ]
+    assert newest_first(rows) == [7, 2, 4, 3, 5, 6, 1]
