@@ -119,7 +119,8 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
         if current is not None and stamp is not None:
             idx.bind_model(current)  # 409 when the index was built by another model
         space = current.model_id if current else stamp.model_id if stamp else state.stamp().model_id
-        vector = _combined(parts, embedded, idx, current) if needs_vector else None
+        # an empty index has no dimension yet: a vector part then has the served model's
+        vector = _combined(parts, embedded, idx, current or state.stamp()) if needs_vector else None
         page = search_page(
             idx,
             mode=mode,
