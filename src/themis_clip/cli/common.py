@@ -76,9 +76,9 @@ def graph_settings(args: argparse.Namespace) -> GraphSettings:
     return GraphSettings(target_recall=target, dtype=args.graph_dtype or search.graph_dtype)
 
 
-def start_plugin(args: argparse.Namespace) -> OnnxClipPlugin:
+def start_plugin(args: argparse.Namespace, *, lazy_textual: bool = False) -> OnnxClipPlugin:
     config = config_from(args)
-    plugin = OnnxClipPlugin()
+    plugin = OnnxClipPlugin(lazy_textual=lazy_textual)
     if not plugin.initialize(config):
         raise CLIError(f"cannot initialise the model: {plugin.last_error}")
     return plugin
