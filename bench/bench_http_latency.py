@@ -106,11 +106,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--after", default=str(HERE.parent / "src"), help="the src/ tree to test")
     ap.add_argument("--before", default="", help="another src/ tree to compare (interleaved)")
     args = ap.parse_args()
     data = [p.read_bytes() for p in sorted(folder("1024x768", 48).glob("*.jpg"))]
     dec, b1 = floor(data)
-    trees = {"after (this tree)": str(HERE.parent / "src"), "before": args.before}
+    trees = {"after": args.after, "before": args.before}
     p50s: dict[str, list[dict[str, float]]] = {}
     rates: dict[str, list[float]] = {}
     for _ in range(args.rounds):
