@@ -55,6 +55,10 @@ class MicroBatcher(Generic[T, R]):
         max_queue: most items waiting (not yet in a running batch).
         max_concurrent_batches: batches running at once.
         on_batch: called with each batch size (metrics).
+        dispatch_when_idle: when no batch is running, send what is queued at once instead of
+            waiting ``max_queue_delay_ms`` for company: an idle model gains nothing from the
+            wait, so a lone client pays no delay; under load, batches still fill while the
+            model is busy.
     """
 
     def __init__(
@@ -66,7 +70,9 @@ class MicroBatcher(Generic[T, R]):
         max_queue: int = 1024,
         max_concurrent_batches: int = 2,
         on_batch: Callable[[int], None] | None = None,
+        dispatch_when_idle: bool = False,
     ) -> None:
+        self.dispatch_when_idle = dispatch_when_idle
         self._fn = batch_fn
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_queue_delay_ms / 1000.0
@@ -192,6 +198,8 @@ class MicroBatcher(Generic[T, R]):
             # Wait for company until the oldest request's delay is used up or the batch is full.
             deadline = self._queue[0].enqueued + self.max_delay_s
             while len(self._queue) < self.max_batch_size and not self._closing:
+                if self.dispatch_when_idle and not self._running:
+                    break  # the model went idle while these waited: no company is worth it
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -207,7 +215,12 @@ class MicroBatcher(Generic[T, R]):
             )
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self.dispatch_when_idle:
+            self._wakeup.set()  # waiting items may go now
 
     async def _run(self, batch: list[_Pending[T, R]]) -> None:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -260,11 +260,16 @@ class ClipModel:
         textual: TextualTower | None,
         preprocessor: ImagePreprocessor,
         config: PluginConfig,
+        textual_loader: Callable[[], TextualTower] | None = None,
     ) -> None:
         self.spec = spec
         self.identity = identity
         self.visual = visual
-        self.textual = textual
+        self._textual = textual
+        # A lazy text tower (image-only callers such as ``index`` never pay for it): opened on
+        # the first access of ``textual``, under ``_textual_lock``.
+        self._textual_loader = textual_loader if textual is None else None
+        self._textual_lock = threading.Lock()
         self.preprocessor = preprocessor
         self.config = config
         self.backend: BackendType = visual.session.backend
@@ -275,6 +280,23 @@ class ClipModel:
         self._retired = False
         self._closed = False
         self._cond = threading.Condition()
+
+    @property
+    def textual(self) -> TextualTower | None:
+        """The text tower (None if the model has none); a lazy one is opened here, once."""
+        if self._textual is None and self._textual_loader is not None:
+            with self._textual_lock:
+                loader = self._textual_loader
+                if self._textual is None and loader is not None and not self._closed:
+                    self._textual = loader()
+                    self._textual_loader = None
+                    log.info("text tower of %s opened on first use", self.identity.model_id)
+        return self._textual
+
+    @property
+    def has_textual(self) -> bool:
+        """Whether the model has a text tower, opened or not (opens nothing)."""
+        return self._textual is not None or self._textual_loader is not None
 
     @property
     def embedding_dim(self) -> int:
@@ -302,15 +324,15 @@ class ClipModel:
             "precision_variant": self.spec.variant,
             "embedding_dim": self.embedding_dim,
             "image_size": self.preprocessor.spec.image_size,
-            "text_tower": self.textual is not None,
-            "text_input": self.textual.describe() if self.textual is not None else None,
+            "text_tower": self.has_textual,
+            "text_input": self._textual.describe() if self._textual is not None else None,
             "generation": self.generation,
             "in_flight": self.in_flight,
             "loading_mode": self.visual.session.loading_mode.value,
             "loading_note": self.loading_note,
             "optimized_model_cache": {
                 tower: t.session.optimized_cache
-                for tower, t in (("visual", self.visual), ("textual", self.textual))
+                for tower, t in (("visual", self.visual), ("textual", self._textual))
                 if t is not None
             },
         }
@@ -353,8 +375,10 @@ class ClipModel:
             return
         self._closed = True
         self.visual.session.close()
-        if self.textual is not None:
-            self.textual.session.close()
+        with self._textual_lock:
+            self._textual_loader = None
+            if self._textual is not None:
+                self._textual.session.close()
         log.info("model %s (generation %d) released", self.identity.model_id, self.generation)
 
     # -- inference -----------------------------------------------------------------------------

@@ -76,6 +76,11 @@ class TextSpec:
     language_prefix: LanguagePrefix | None = None
     default_language: str | None = None
 
+    @property
+    def takes_language(self) -> bool:
+        """Whether this text tower reads a language code (else a given one is ignored)."""
+        return self.language_prefix is not None
+
     @classmethod
     def parse(
         cls,

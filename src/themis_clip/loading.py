@@ -49,10 +49,14 @@ def load_model(
     hash_fn: HashFunction = sha256_file,
     session_factory: Callable[..., ORTSession] = create_session,
     budget: PixelBudget | None = None,
+    lazy_textual: bool = False,
 ) -> ClipModel:
     """Resolve, verify and load ``config.model`` on ``backend``.
 
     ``budget`` is the decoded-pixel budget the model's image decodes share (the plugin's).
+    With ``lazy_textual`` the text tower (tokenizer and session) is opened on its first use, not
+    here: image-only callers (``themis-clip index``) start in about half the time. Its output
+    width is then checked on its first run rather than at load.
 
     Raises:
         ModelError (and subclasses), BackendUnavailableError, ConfigError.
@@ -117,26 +121,37 @@ def load_model(
             visual_session, config.max_batch_size, pooler_is_embedding=spec.pooler_is_embedding
         )
         textual = None
+        open_textual: Callable[[], TextualTower] | None = None
         if spec.textual_path is not None and spec.tokenizer_path is not None:
-            tokenizer = make_tokenizer(
-                spec.tokenizer_path,
-                spec.text,
-                context_length=spec.context_length,
-                pad_id=spec.pad_id,
-            )
+            textual_path, tokenizer_path = spec.textual_path, spec.tokenizer_path
             t_path, t_mode, t_note = sources["textual"]
             note = note or t_note
-            text_session = session_factory(
-                t_path, chosen, settings, loading_mode=t_mode, name=spec.textual_path.name
-            )
-            sessions.append(text_session)
-            textual = TextualTower(
-                text_session,
-                tokenizer,
-                config.max_batch_size,
-                declared_mask=spec.text.attention_mask,
-                pooler_is_embedding=spec.pooler_is_embedding,
-            )
+
+            def open_textual() -> TextualTower:
+                tokenizer = make_tokenizer(
+                    tokenizer_path,
+                    spec.text,
+                    context_length=spec.context_length,
+                    pad_id=spec.pad_id,
+                )
+                text_session = session_factory(
+                    t_path, chosen, settings, loading_mode=t_mode, name=textual_path.name
+                )
+                try:
+                    return TextualTower(
+                        text_session,
+                        tokenizer,
+                        config.max_batch_size,
+                        declared_mask=spec.text.attention_mask,
+                        pooler_is_embedding=spec.pooler_is_embedding,
+                    )
+                except BaseException:
+                    text_session.close()
+                    raise
+
+            if not lazy_textual:
+                textual = open_textual()
+                sessions.append(textual.session)
         dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
         image_spec = _resolve_image_spec(spec, config, visual)
         try:
@@ -164,7 +179,7 @@ def load_model(
         dim,
         image_spec.image_size,
         visual.session.backend.value,
-        "yes" if textual else "no",
+        "yes" if textual else ("on first use" if open_textual else "no"),
     )
     model = ClipModel(
         spec=spec,
@@ -173,6 +188,7 @@ def load_model(
         textual=textual,
         preprocessor=preprocessor,
         config=config,
+        textual_loader=open_textual if lazy_textual else None,
     )
     model.loading_note = note
     return model

@@ -21,6 +21,7 @@ embedding calls), :mod:`.zeroshot` (classify, rank, label cache), :mod:`.hotswap
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -83,6 +84,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         hash_fn: SHA-256 function for model files (seed step 4: injectable).
         available_providers: override what ONNX Runtime reports (tests, forced policies).
         session_factory: creates sessions (tests inject failures here).
+        lazy_textual: open the text tower on its first use (image-only callers start faster).
     """
 
     NAME = "onnx_clip"
@@ -93,10 +95,12 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         hash_fn: HashFunction = sha256_file,
         available_providers: Sequence[str] | None = None,
         session_factory: Callable[..., ORTSession] = create_session,
+        lazy_textual: bool = False,
     ) -> None:
-        self._hash_fn = hash_fn
         self._available = list(available_providers) if available_providers is not None else None
-        self._session_factory = session_factory
+        self._open_model = functools.partial(
+            load_model, hash_fn=hash_fn, session_factory=session_factory, lazy_textual=lazy_textual
+        )
         self._model: ClipModel | None = None
         self._model_lock = threading.Lock()  # guards the _model reference and acquire()
         self._admin_lock = threading.RLock()  # serialises initialize / reload / shutdown
@@ -184,12 +188,6 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         """Name, SHA-256 and dimension of the active model: what makes vectors comparable."""
         model = self._model
         return model.identity if model is not None else None
-
-    @property
-    def takes_language(self) -> bool:
-        """Whether the loaded model's text tower reads a language code (else one is ignored)."""
-        model = self._model
-        return model is not None and model.spec.text.language_prefix is not None
 
     @property
     def model_spec(self) -> ModelSpec | None:
@@ -485,14 +483,8 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         return self._pool.budget
 
     def _load(self, config: PluginConfig, backend: BackendType) -> ClipModel:
-        return load_model(
-            config,
-            backend,
-            available=self._available,
-            hash_fn=self._hash_fn,
-            session_factory=self._session_factory,
-            budget=self._pool.budget_for(config.preprocess.pixel_budget),
-        )
+        budget = self._pool.budget_for(config.preprocess.pixel_budget)
+        return self._open_model(config, backend, available=self._available, budget=budget)
 
     @contextmanager
     def _hold(self) -> Iterator[ClipModel]:

@@ -120,3 +120,39 @@ def test_batch_failure_reaches_every_caller_and_close_drains() -> None:
             await ok.submit(9)
 
     run(main())
+
+
+def test_dispatch_when_idle_sends_a_lone_request_at_once_and_still_coalesces_under_load() -> None:
+    calls: list[list[int]] = []
+    release = threading.Event()
+
+    def fn(items: list[int]) -> list[int]:
+        calls.append(items)
+        if items == [0]:
+            assert release.wait(30)
+        return items
+
+    async def main() -> None:
+        # An hour of delay: a batcher that waited for company here would never answer in time.
+        b = MicroBatcher(
+            fn, max_batch_size=8, max_queue_delay_ms=3_600_000, dispatch_when_idle=True
+        )
+        first = asyncio.create_task(b.submit(0))
+        deadline = time.monotonic() + 30
+        while not calls:  # the idle batcher sent it alone, without waiting
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        rest = [asyncio.create_task(b.submit(1))]
+        for _ in range(20):  # the batcher's loop runs: item 1 must wait, the model is busy
+            await asyncio.sleep(0)
+        rest += [asyncio.create_task(b.submit(i)) for i in (2, 3)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert b.depth == 3 and len(calls) == 1
+        release.set()  # the model goes idle: the waiting three go at once, together
+        assert await asyncio.wait_for(first, 30) == 0
+        assert await asyncio.wait_for(asyncio.gather(*rest), 30) == [1, 2, 3]
+        await b.close()
+
+    run(main())
+    assert calls == [[0], [1, 2, 3]]

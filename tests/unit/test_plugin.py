@@ -278,3 +278,22 @@ def test_model_spec_and_text_input_describe_the_loaded_model(tiny_model_dir: Pat
     assert text_input["attention_mask"] is False  # the tiny CLIP text tower takes ids only
     plugin.shutdown()
     assert plugin.model_spec is None and plugin.get_statistics()["text_input"] is None
+
+
+def test_lazy_text_tower_opens_on_first_text_call_only(tiny_model_dir: Path) -> None:
+    sessions = SessionRecorder()
+    plugin = OnnxClipPlugin(session_factory=sessions, lazy_textual=True)
+    assert plugin.initialize(PluginConfig(model=ModelConfig(path=str(tiny_model_dir))))
+    assert plugin.generate_embedding_batch(imgs(3))[0].ok
+    assert [s.path.name for s in sessions.sessions] == ["visual.onnx"]  # images never open it
+    stats = plugin.get_statistics()
+    assert stats["text_tower"] is True and stats["text_input"] is None  # declared, not opened
+    eager = make_plugin(tiny_model_dir)
+    lazy_vec = plugin.generate_text_embedding("a red circle").embedding
+    assert [s.path.name for s in sessions.sessions] == ["visual.onnx", "textual.onnx"]
+    assert np.allclose(lazy_vec, eager.generate_text_embedding("a red circle").embedding)
+    assert plugin.get_statistics()["text_input"] == eager.get_statistics()["text_input"]
+    plugin.generate_text_embedding("again")
+    assert len(sessions.sessions) == 2  # opened once
+    plugin.shutdown()
+    eager.shutdown()

@@ -84,10 +84,16 @@ def _not_initialize_failed(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("initialize failed")
 
 
-def start_plugin(args: argparse.Namespace, config: PluginConfig | None = None) -> OnnxClipPlugin:
-    """The plugin of ``args`` (or of ``config``, where a command adjusted it), initialised."""
+def start_plugin(
+    args: argparse.Namespace,
+    config: PluginConfig | None = None,
+    *,
+    lazy_textual: bool = False,
+) -> OnnxClipPlugin:
+    """The plugin of ``args`` (or of ``config``, where a command adjusted it), initialised
+    (``lazy_textual``: the text tower opens on its first use; indexing never needs it)."""
     config = config or config_from(args)
-    plugin = OnnxClipPlugin()
+    plugin = OnnxClipPlugin(lazy_textual=lazy_textual)
     # The plugin logs a failed start for library callers; here the exit message says it, once.
     plugin_log = logging.getLogger("themis_clip.plugin")
     plugin_log.addFilter(_not_initialize_failed)

@@ -60,7 +60,11 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     if args.files and not files:
         raise CLIError("no image files found in the given paths")
     plugin = start_plugin(args)
-    if args.language is not None and args.text and not plugin.takes_language:
+    if (
+        args.language is not None
+        and args.text
+        and not (plugin.model_spec and plugin.model_spec.text.takes_language)
+    ):
         print(
             f"themis-clip: warning: --language {args.language} is ignored: "
             f"{stamp_of(plugin).name} takes no language code",

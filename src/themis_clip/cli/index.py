@@ -78,7 +78,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     settings = graph_settings(args)
     if args.rebuild:
         VectorIndex.remove(args.index)
-    plugin = start_plugin(args)
+    plugin = start_plugin(args, lazy_textual=True)  # image tower only
     try:
         with VectorIndex(args.index, settings=settings) as index:
             update, bar = progress_bar("indexing")
@@ -141,7 +141,8 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
     from themis_clip.index.importer import check_origin, import_embeddings
 
     rows = read_embeddings(folder)
-    plugin = start_plugin(args)  # the model whose identity the index records, and must match
+    # the model whose identity the index records, and must match
+    plugin = start_plugin(args, lazy_textual=True)
     try:
         stamp = stamp_of(plugin)
     finally:
@@ -167,7 +168,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         raise CLIError("--hybrid needs a text query (its words are matched)")
     filters = _parse_filters(args.filter) or None
     with VectorIndex(index_location(args) or "", readonly=True) as index:
-        plugin = start_plugin(args)
+        plugin = start_plugin(args, lazy_textual=True)
         try:
             index.bind_model(stamp_of(plugin))  # refuses an index made by another model
             parts = [(_query_vector(plugin, args.query, args.image), 1.0)]

@@ -66,7 +66,6 @@ __all__ = [
     "ImagePreprocessor",
     "decode_image",
     "image_dimensions",
-    "make_thumbnail",
     "preprocess_image",
     "readable_formats",
 ]
@@ -454,36 +453,6 @@ class ImagePreprocessor:
         np.multiply(hwc.transpose(2, 0, 1), self._scale, out=out)  # type: ignore[attr-defined]
         out += self._bias  # type: ignore[attr-defined]
         return out
-
-
-def make_thumbnail(
-    data: ImageData,
-    *,
-    size: int = 192,
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
-    budget: PixelBudget | None = None,
-) -> bytes:
-    """A JPEG preview of ``data`` fitting in ``size``×``size`` (same decoding guards).
-
-    JPEGs are decoded at the smallest DCT scale that still covers ``size``; the decode holds its
-    pixels in ``budget`` (when given) like an embedding's decode does.
-    """
-    lease = budget.lease() if budget is not None else None
-    with lease or _NO_LEASE:
-        img = decode_image(
-            data,
-            max_image_pixels=max_image_pixels,
-            draft_min_side=size,
-            reserve=lease.take_bytes if lease is not None else None,
-        )
-        if img.mode in ("1", "P", "PA"):  # resized NEAREST otherwise
-            img = img.convert("RGB")
-        img.thumbnail((size, size), Image.Resampling.BICUBIC)
-        if img.mode != "RGB":
-            img = img.convert("RGB")
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
 
 
 def preprocess_image(

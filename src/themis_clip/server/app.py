@@ -69,6 +69,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
                 max_queue_delay_ms=settings.max_queue_delay_ms,
                 max_queue=settings.max_queue,
                 on_batch=lambda n: metrics.batch_sizes.labels(modality).observe(n),
+                dispatch_when_idle=True,
             )
 
         state.image_batcher = batcher(p.generate_embedding_batch, "image")

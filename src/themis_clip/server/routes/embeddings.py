@@ -55,6 +55,11 @@ def served_model_names(plugin: OnnxClipPlugin) -> set[str]:
     return names
 
 
+def _takes_language(plugin: OnnxClipPlugin) -> bool:
+    spec = plugin.model_spec
+    return spec is not None and spec.text.takes_language
+
+
 def _require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
     """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve."""
     if model is None or model in served_model_names(plugin):
@@ -218,7 +223,7 @@ async def openai_embeddings(
         "model": done[0].model_id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    if body.language is not None and text_at and not plugin.takes_language:
+    if body.language is not None and text_at and not _takes_language(plugin):
         out["language_ignored"] = True
     return out
 
@@ -261,6 +266,6 @@ async def embed_text(body: TextRequest, state: StateDep) -> dict[str, Any]:
         "truncated": [r.truncated for r in results],
         "model_id": results[0].model_id,
     }
-    if body.language is not None and not state.plugin.takes_language:
+    if body.language is not None and not _takes_language(state.plugin):
         out["language_ignored"] = True
     return out

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import ItemRow
-from themis_clip.preprocess.image import make_thumbnail
+from themis_clip.preprocess.thumbnail import make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import PreparsedJSONRoute

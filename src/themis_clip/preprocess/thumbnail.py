@@ -1,0 +1,48 @@
+"""Thumbnails and previews of indexed images: small JPEGs decoded under the same guards as an
+embedding's decode (:func:`~themis_clip.preprocess.image.decode_image`)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from PIL import Image
+
+from themis_clip.budget import PixelBudget
+from themis_clip.interface import ImageData
+from themis_clip.preprocess.image import decode_image
+from themis_clip.vocabulary import DEFAULT_MAX_IMAGE_PIXELS
+
+__all__ = ["make_thumbnail"]
+
+_NO_LEASE = contextlib.nullcontext()
+
+
+def make_thumbnail(
+    data: ImageData,
+    *,
+    size: int = 192,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    budget: PixelBudget | None = None,
+) -> bytes:
+    """A JPEG preview of ``data`` fitting in ``size``×``size`` (same decoding guards).
+
+    JPEGs are decoded at the smallest DCT scale that still covers ``size``; the decode holds its
+    pixels in ``budget`` (when given) like an embedding's decode does.
+    """
+    lease = budget.lease() if budget is not None else None
+    with lease or _NO_LEASE:
+        img = decode_image(
+            data,
+            max_image_pixels=max_image_pixels,
+            draft_min_side=size,
+            reserve=lease.take_bytes if lease is not None else None,
+        )
+        if img.mode in ("1", "P", "PA"):  # resized NEAREST otherwise
+            img = img.convert("RGB")
+        img.thumbnail((size, size), Image.Resampling.BICUBIC)
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
