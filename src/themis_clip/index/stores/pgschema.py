@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, validate_filters
+from themis_clip.index.where import pg_instant, pg_number
 
 __all__ = [
     "FACET_KEYS_SQL",
@@ -44,7 +45,7 @@ __all__ = [
     "schema_version",
 ]
 
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 #: True when the tables agree with each other (:meth:`PgStore.integrity_ok`). Ids come from a
 #: sequence and are never reused, so a removed id that is still an item is a torn write.
 INTEGRITY_SQL = """SELECT
@@ -76,6 +77,37 @@ FACET_VALUES_SQL = (
 TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed")
 MIGRATION_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
 
+# v2 (photo): ``where`` filters on dates and places by expression index. ``themis_instant``
+# reads an ISO 8601 date or date-time as epoch seconds (no offset: UTC; not a date: NULL). It
+# is immutable in fact (an explicit offset or UTC, never the session's time zone), so it may
+# be indexed; the index expressions are the very ones :func:`..where.compile_postgres` writes.
+_TAKEN = "(doc -> 'taken')"
+_WHERE_INDEXES = [
+    r"""CREATE OR REPLACE FUNCTION themis_instant(t text) RETURNS numeric
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $f$
+    BEGIN
+      IF t IS NULL OR t !~ ('^\d{4}-\d{2}-\d{2}'
+                            || '([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$') THEN
+        RETURN NULL;
+      END IF;
+      IF t ~ '[T ]' AND t ~ '(Z|[+-]\d{2}:\d{2})$' THEN
+        RETURN extract(epoch FROM t::timestamptz);
+      END IF;
+      RETURN extract(epoch FROM (t::timestamp AT TIME ZONE 'UTC'));
+    EXCEPTION WHEN others THEN
+      RETURN NULL;
+    END
+    $f$""",
+    "CREATE INDEX IF NOT EXISTS themis_items_taken ON themis_items (("
+    + pg_instant(_TAKEN, _TAKEN)
+    + "))",
+    "CREATE INDEX IF NOT EXISTS themis_items_gps ON themis_items (("
+    + pg_number("(doc -> 'gps' -> 'lat')", "(doc -> 'gps' -> 'lat')")
+    + "), ("
+    + pg_number("(doc -> 'gps' -> 'lon')", "(doc -> 'gps' -> 'lon')")
+    + "))",
+]
+
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS themis_meta (key text PRIMARY KEY, value text NOT NULL)",
@@ -102,6 +134,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE themis_removed (id bigint PRIMARY KEY, at bigint NOT NULL)",
         "CREATE INDEX themis_removed_at ON themis_removed (at)",
     ],
+    # v2: expression indexes for where-filters on dates and places.
+    2: [*_WHERE_INDEXES],
 }
 
 

@@ -47,6 +47,7 @@ from themis_clip.index.stores.pgschema import (
     redact,
     schema_version,
 )
+from themis_clip.index.stores.pgwhere import PgWhereMixin
 from themis_clip.index.stores.pool import Pool
 from themis_clip.index.stores.rows import (
     COLUMNS,
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 8
 
 
-class PgStore:
+class PgStore(PgWhereMixin):
     """An index in a PostgreSQL database with the pgvector extension.
 
     Args:

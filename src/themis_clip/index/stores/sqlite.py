@@ -15,6 +15,8 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
     removed(id PRIMARY KEY, at INTEGER) (v4)        ids deleted, and at which write_version
     fields(id, key, kind, value) (v5)               each item's top-level metadata values, as
                                                     :func:`.metadata.comparable` makes them
+    items_taken, items_gps (v6)                     expression indexes for ``where`` filters
+                                                    on ``taken`` and ``gps`` (:mod:`..where`)
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
 version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
@@ -45,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import comparable, validate_filters
+from themis_clip.index.metadata import comparable, encode, validate_filters, validate_metadata
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.rows import (
     COLUMNS,
@@ -62,6 +64,7 @@ from themis_clip.index.stores.sqlschema import (
     SCHEMA_VERSION,
     fields_of,
 )
+from themis_clip.index.where import Where, compile_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +364,38 @@ class IndexStore:
             return {r[0] for r in self._reader().execute("SELECT id FROM items").fetchall()}
         sql = " INTERSECT ".join([FILTER_TERM] * len(terms))
         return {r[0] for r in self._reader().execute(sql, [p for t in terms for p in t]).fetchall()}
+
+    def ids_where(self, where: Where) -> set[int]:
+        """Ids whose metadata satisfies ``where`` (:mod:`..where`; every value bound)."""
+        sql, params = compile_sqlite(where)
+        # The compiled text holds only constant SQL and "?" marks.
+        query = f"SELECT id FROM items WHERE {sql}"  # noqa: S608
+        return {r[0] for r in self._reader().execute(query, params).fetchall()}
+
+    def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int:
+        """Replace the metadata of existing items (key → metadata) in one transaction,
+        leaving their vectors alone (not a write of the vector: graphs need no catch-up).
+        Returns how many items there were."""
+        checked_values = [
+            (encode(validate_metadata(m)) if m is not None else None, k) for k, m in values.items()
+        ]
+        if not checked_values:
+            return 0
+        with self.transaction() as db:
+            done = 0
+            for text, key in checked_values:
+                done += db.execute(
+                    "UPDATE items SET metadata = ? WHERE key = ?", (text, key)
+                ).rowcount
+            db.executemany(
+                "DELETE FROM fields WHERE id = (SELECT id FROM items WHERE key = ?)",
+                [(k,) for k in values],
+            )
+            db.executemany(
+                ADD_FIELDS + " WHERE key = ?",
+                [(*field, k) for k, m in values.items() for field in fields_of(m)],
+            )
+        return done
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` some item's metadata has at its top level."""

@@ -9,12 +9,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from themis_clip.index.metadata import comparable, decode_stored, repair
+from themis_clip.index.where import sqlite_instant, sqlite_number
 
 __all__ = ["ADD_FIELDS", "FILTER_TERM", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # One filter term, constant SQL: key, kind and value are bound parameters.
 FILTER_TERM = "SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?"
 ADD_FIELDS = "INSERT OR REPLACE INTO fields(id, key, kind, value) SELECT id, ?, ?, ? FROM items"
@@ -69,6 +70,21 @@ def _index_fields(db: sqlite3.Connection) -> None:
     )
 
 
+# v6 (photo): expression indexes for the ``where`` language's indexed paths (the very
+# expressions :func:`..where.compile_sqlite` writes for them), so a date range or a geo box
+# over 100k items reads an index range instead of every row's JSON.
+_TAKEN = "'$.taken'"
+_WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
+    "CREATE INDEX IF NOT EXISTS items_taken ON items("
+    + sqlite_instant(_TAKEN, _TAKEN, _TAKEN)
+    + ")",
+    "CREATE INDEX IF NOT EXISTS items_gps ON items("
+    + sqlite_number("'$.gps.lat'")
+    + ", "
+    + sqlite_number("'$.gps.lon'")
+    + ")",
+]
+
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -97,4 +113,6 @@ MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     4: [_track_changes],
     # v5: filters and facets by index (a table of top-level values), not by scanning JSON.
     5: [_index_fields],
+    # v6: expression indexes for where-filters on dates and places.
+    6: [*_WHERE_INDEXES],
 }
