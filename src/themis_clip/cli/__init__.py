@@ -19,13 +19,23 @@ from collections.abc import Sequence
 
 from themis_clip._version import __version__
 from themis_clip.allocator import pin_mmap_threshold
-from themis_clip.cli import classify, dataset, demo, embed, export, index, models, serve
+from themis_clip.cli import (
+    classify,
+    dataset,
+    demo,
+    duplicates,
+    embed,
+    export,
+    index,
+    models,
+    serve,
+)
 from themis_clip.cli.common import CLIError
 from themis_clip.errors import ThemisClipError
 
 __all__ = ["main"]
 
-_GROUPS = (embed, classify, index, dataset, serve, export, demo, models)
+_GROUPS = (embed, classify, index, duplicates, dataset, serve, export, demo, models)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

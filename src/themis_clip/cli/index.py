@@ -20,8 +20,10 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
+from themis_clip.errors import WhereError
 from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.search import Hit, VectorIndex
+from themis_clip.index.where import Where, parse_where
 from themis_clip.plugin import OnnxClipPlugin
 
 
@@ -41,6 +43,11 @@ def register(sub: Any) -> None:
     p.add_argument("--image", help="image file query (image -> image)")
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
+    p.add_argument(
+        "--where",
+        type=where_arg,
+        help='a filter in the where language, e.g. \'{"taken": {"$gte": "2023-07-01"}}\'',
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     index_args(p)
     model_args(p)
@@ -147,6 +154,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
                 _query_vector(plugin, args.query, args.image),
                 args.k,
                 _parse_filters(args.filter) or None,
+                where=args.where,
             )
         finally:
             plugin.shutdown()
@@ -199,3 +207,16 @@ def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> 
         print(f"{indent}(no results)")
     for rank, h in enumerate(hits, 1):
         print(f"{indent}{rank:2d}. {h.score:+.3f}  {h.path or h.key}")
+
+
+def where_arg(text: str) -> Where:
+    """``--where JSON``: a filter in the where language (:mod:`themis_clip.index.where`),
+    checked before any model loads (a usage error naming the path)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    try:
+        return parse_where(value)
+    except WhereError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

@@ -28,7 +28,7 @@ from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics
 from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard
-from themis_clip.server.routes import admin, classify, embeddings, ops, search
+from themis_clip.server.routes import admin, classify, duplicates, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState, text_batch_fn
 
@@ -125,6 +125,6 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     )
     app.add_middleware(Observe, record=metrics.observe)  # outermost: the guard's answers count
     install_error_handlers(app, metrics, settings.request_timeout_s)
-    for module in (ops, embeddings, search, classify, admin):
+    for module in (ops, embeddings, search, classify, admin, duplicates):
         app.include_router(module.router)
     return app

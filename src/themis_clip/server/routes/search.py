@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import ItemRow
+from themis_clip.index.where import parse_where
 from themis_clip.preprocess.image import make_thumbnail
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_field, raise_for
@@ -71,6 +72,7 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
 @router.post("/search")
 async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
+    where = parse_where(body.where) if body.where is not None else None  # 422 before any work
     given = [x is not None for x in (body.text, body.image, body.vector, body.item)]
     if sum(given) != 1:
         raise APIError(
@@ -82,7 +84,7 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
         def like() -> tuple[list[Any], str, str]:
             stamp = idx.stamp
             try:
-                hits = idx.search_like(item_key, body.k, body.filters)
+                hits = idx.search_like(item_key, body.k, body.filters, where=where)
             except KeyError:
                 raise APIError(404, "NotFound", f"no item {item_key!r}") from None
             return hits, idx.mode, stamp.model_id if stamp else state.stamp().model_id
@@ -120,7 +122,7 @@ async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
     def run() -> tuple[list[Any], str]:
         if idx.stamp is not None:
             idx.bind_model(current)  # 409 when the index was built by another model
-        return idx.search(query, body.k, body.filters), idx.mode
+        return idx.search(query, body.k, body.filters, where=where), idx.mode
 
     hits, mode = await asyncio.to_thread(run)
     return _results(hits, mode, current.model_id)
