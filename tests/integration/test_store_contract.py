@@ -489,3 +489,38 @@ def test_bad_where_filters_name_their_path(where: dict[str, object], path: str) 
         parse_where(where)
     assert caught.value.path.startswith(path), caught.value
     assert isinstance(caught.value, MetadataError)  # a 422 over HTTP
+
+
+def test_exif_metadata_arrives_on_the_next_run_without_re_embedding(
+    location: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "photos"
+    for i in range(3):
+        write_png(folder / f"p{i}.png", i)
+    embedder = FakeEmbedder()
+    with VectorIndex(location) as index:
+        index_folder(index, folder, embedder, stamp=STAMP)  # an older run: no metadata reader
+        index.store.upsert([ItemRow(key="http", vector=unit(9), metadata={"given": 1})], dim=DIM)
+        vectors = {k: index.store.vector(str(folder / f"p{k}.png")) for k in range(3)}
+
+        def read(path: Path) -> dict[str, object]:
+            n = int(path.stem[1:])
+            return {"taken": f"2023-07-1{n}T10:00:00", "camera": {"make": "Canon"}}
+
+        report = index_folder(index, folder, embedder, stamp=STAMP, metadata=read)
+        assert report.embedded == 0 and len(embedder.embedded) == 3  # nothing embedded again
+        item = index.store.get(str(folder / "p2.png"))
+        assert item and item.metadata == {
+            "taken": "2023-07-12T10:00:00",
+            "camera": {"make": "Canon"},
+        }
+        assert all(
+            np.array_equal(index.store.vector(str(folder / f"p{k}.png")), v)
+            for k, v in vectors.items()
+        )
+        assert index.store.get("http").metadata == {"given": 1}  # HTTP items keep theirs
+        hits = index.search(unit(0), 5, where={"taken": {"$gte": "2023-07-11"}})
+        assert {h.key for h in hits} == {str(folder / "p1.png"), str(folder / "p2.png")}
+        write_png(folder / "p3.png", 3)  # a new file gets its metadata as it is embedded
+        index_folder(index, folder, embedder, stamp=STAMP, metadata=read)
+        assert index.store.get(str(folder / "p3.png")).metadata["taken"] == "2023-07-13T10:00:00"

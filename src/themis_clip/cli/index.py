@@ -25,6 +25,7 @@ from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import Where, parse_where
 from themis_clip.plugin import OnnxClipPlugin
+from themis_clip.preprocess.exif import read_exif
 
 
 def register(sub: Any) -> None:
@@ -76,6 +77,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
                     stamp=stamp_of(plugin),
                     chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
                     progress=update,
+                    metadata=read_exif,  # taken, camera, gps, upright width/height
+                    metadata_version="exif-1",
                 )
             _prepare_graph(index)
     finally:

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores import ItemRow, Store, StoredItem
 from themis_clip.interface import EmbeddingResult, ImageData
 from themis_clip.vocabulary import ModelIdentity
 
@@ -71,7 +71,11 @@ def _sha256(path: Path) -> str | None:
 
 
 def _row(
-    path: Path, st: os.stat_result, digest: str | None, vector: npt.NDArray[np.float32]
+    path: Path,
+    st: os.stat_result,
+    digest: str | None,
+    vector: npt.NDArray[np.float32],
+    metadata: dict[str, Any] | None = None,
 ) -> ItemRow:
     """A file's row: keyed by its path, with what the next run needs to skip it unchanged."""
     return ItemRow(
@@ -81,7 +85,31 @@ def _row(
         mtime_ns=st.st_mtime_ns,
         sha256=digest,
         vector=vector,
+        metadata=metadata or None,
     )
+
+
+#: ``metadata(path)``: a file's metadata (the CLI passes the EXIF reader); {} for none.
+MetadataReader = Callable[[Path], dict[str, Any]]
+
+
+def _refresh_metadata(
+    store: Store, folder: Path, items: list[StoredItem], read: MetadataReader, version: str
+) -> None:
+    """Metadata for items indexed before this reader (or its ``version``) existed: read
+    again and merged in, vectors untouched (no re-embedding), once per folder and version."""
+    tag = f"metadata_version:{folder}"
+    if store.meta().get(tag) == version:
+        return
+    for start in range(0, len(items), 512):
+        updates = {}
+        for item in items[start : start + 512]:
+            fresh = read(Path(item.path or item.key))
+            merged = {**(item.metadata or {}), **fresh}
+            if merged != (item.metadata or {}):
+                updates[item.key] = merged
+        store.set_metadata(updates)
+    store.set_meta({tag: version})
 
 
 def index_folder(
@@ -92,11 +120,15 @@ def index_folder(
     stamp: ModelIdentity,
     chunk: int = 128,
     progress: Progress | bool | None = None,
+    metadata: MetadataReader | None = None,
+    metadata_version: str = "1",
 ) -> IndexReport:
     """Bring ``index`` up to date with the images under ``folder``.
 
     ``progress(done, total)`` is called after every committed chunk of embeddings (library
     code draws nothing; a bool is accepted as "no callback" for older callers).
+    ``metadata(path)`` gives each file's metadata (EXIF); unchanged files indexed before
+    ``metadata_version`` get theirs without being embedded again.
     """
     report_progress = progress if callable(progress) else None
     t0 = time.perf_counter()
@@ -107,6 +139,7 @@ def index_folder(
     known = store.items_under(str(folder))
     failures = store.failures_under(str(folder))
     seen: set[str] = set()
+    unchanged: list[StoredItem] = []
     todo: list[tuple[Path, os.stat_result, str | None]] = []
     for path in walk_images(folder):
         key = str(path)
@@ -119,6 +152,7 @@ def index_folder(
         item = known.get(key)
         if item is not None and item.size == st.st_size and item.mtime_ns == st.st_mtime_ns:
             report.unchanged += 1
+            unchanged.append(item)
             continue
         failed = failures.get(key)
         if failed is not None and failed[:2] == (st.st_size, st.st_mtime_ns):
@@ -141,7 +175,8 @@ def index_folder(
         elif same and str(path) not in known:
             vector = store.vector(same[0].key)
             assert vector is not None
-            store.upsert([_row(path, st, digest, vector)], dim=stamp.dim)
+            meta = metadata(path) if metadata else None
+            store.upsert([_row(path, st, digest, vector, meta)], dim=stamp.dim)
             report.duplicates += 1
         else:
             to_embed.append((path, st, digest))
@@ -153,7 +188,8 @@ def index_folder(
         rows, failed_rows = [], []
         for (path, st, digest), r in zip(part, results, strict=True):
             if r.ok and r.embedding is not None:
-                rows.append(_row(path, st, digest, r.embedding))
+                meta = metadata(path) if metadata else None
+                rows.append(_row(path, st, digest, r.embedding, meta))
                 if str(path) in known:
                     report.updated += 1
                 else:
@@ -167,6 +203,8 @@ def index_folder(
         store.record_failures(failed_rows)
         if report_progress is not None:
             report_progress(start + len(part), len(to_embed))
+    if metadata is not None:
+        _refresh_metadata(store, folder, unchanged, metadata, metadata_version)
     report.removed = store.delete_keys(known[p].key for p in vanished)
     store.delete_failures(p for p in failures if p not in seen)
     report.seconds = time.perf_counter() - t0
