@@ -313,8 +313,8 @@ class _Compiler:
             return "(" + " AND ".join(self.sql(p) for p in node.parts) + ")"
         if isinstance(node, Or):
             return "(" + " OR ".join(self.sql(p) for p in node.parts) + ")"
-        if isinstance(node, Not):
-            return f"(NOT {self.sql(node.part)})"
+        if isinstance(node, Not):  # NULL (no such value) is false everywhere else: here too
+            return f"(NOT COALESCE({self.sql(node.part)}, {self.false}))"
         if isinstance(node, Exists):
             return self.exists(node.path) if node.present else f"(NOT {self.exists(node.path)})"
         if isinstance(node, Near):
@@ -322,16 +322,14 @@ class _Compiler:
         if node.op in ("eq", "in"):
             return self.any_equal(node.path, node.values)
         if node.op in ("ne", "nin"):
-            return f"(NOT {self.any_equal(node.path, node.values)})"
+            return f"(NOT COALESCE({self.any_equal(node.path, node.values)}, {self.false}))"
         (value,) = node.values
         if isinstance(value, str):
             instant = parse_instant(value)
             assert instant is not None  # the parser admits only dates here
             lhs, op = self.instant(node.path), _ORDER[node.op]
-            return f"COALESCE({lhs} {op} {self.when(instant)}, {self.false})"
-        return (
-            f"COALESCE({self.number(node.path)} {_ORDER[node.op]} {self.bind(value)}, {self.false})"
-        )
+            return f"({lhs} {op} {self.when(instant)})"
+        return f"({self.number(node.path)} {_ORDER[node.op]} {self.bind(value)})"
 
     def any_equal(self, path: Path, values: tuple[Scalar, ...]) -> str:
         if not values:
@@ -360,7 +358,7 @@ class _Compiler:
         terms.append(
             f"2 * {EARTH_KM} * asin({self.least}(1.0, sqrt({a} + {b}))) <= {self.bind(near.km)}"
         )
-        return "COALESCE((" + " AND ".join(terms) + f"), {self.false})"
+        return "(" + " AND ".join(terms) + ")"
 
     # dialect parts
     def exists(self, path: Path) -> str:
@@ -392,19 +390,19 @@ class _SQLite(_Compiler):
 
     def equal(self, path: Path, value: Scalar) -> str:
         if isinstance(value, str) and (instant := parse_instant(value)) is not None:
-            return f"COALESCE({self.instant(path)} = {self.when(instant)}, 0)"
+            return f"({self.instant(path)} = {self.when(instant)})"
         if value is None:
-            return f"COALESCE(json_type(metadata, {self.json_path(path)}) = 'null', 0)"
+            return f"(json_type(metadata, {self.json_path(path)}) = 'null')"
         if isinstance(value, bool):
             kind = "true" if value else "false"
-            return f"COALESCE(json_type(metadata, {self.json_path(path)}) = '{kind}', 0)"
+            return f"(json_type(metadata, {self.json_path(path)}) = '{kind}')"
         if isinstance(value, str):
             p, p2 = self.json_path(path), self.json_path(path)
             return (
-                f"COALESCE(json_type(metadata, {p}) = 'text' AND "
-                f"json_extract(metadata, {p2}) = {self.bind(value)}, 0)"
+                f"(json_type(metadata, {p}) = 'text' AND "
+                f"json_extract(metadata, {p2}) = {self.bind(value)})"
             )
-        return f"COALESCE({self.number(path)} = {self.bind(value)}, 0)"
+        return f"({self.number(path)} = {self.bind(value)})"
 
     def number(self, path: Path) -> str:
         p, p2 = self.json_path(path), self.json_path(path)
@@ -453,11 +451,11 @@ class _Postgres(_Compiler):
 
     def equal(self, path: Path, value: Scalar) -> str:
         if isinstance(value, str) and (instant := parse_instant(value)) is not None:
-            return f"COALESCE({self.instant(path)} = {self.when(instant)}, false)"
+            return f"({self.instant(path)} = {self.when(instant)})"
         import json
 
         text = json.dumps(value, ensure_ascii=False).replace("\\u0000", "\\ufffd")
-        return f"COALESCE({self.value(path)} = {self.bind(text)}::jsonb, false)"
+        return f"({self.value(path)} = {self.bind(text)}::jsonb)"
 
     def number(self, path: Path) -> str:
         return pg_number(self.value(path), self.value(path))
