@@ -99,7 +99,7 @@ def main() -> None:
                     f"min {min(times):.1f} ms over {args.repeat} searches ({len(hits)} hits)"
                 )
             t = time.perf_counter()
-            groups = find_duplicates(index, threads=0)
+            groups = find_duplicates(index, threads=0)  # no saved graph: builds its own
             seconds = time.perf_counter() - t
         pairs = {tuple(sorted(int(i["key"][1:]) for i in g.items)) for g in groups}
         want = {tuple(sorted((int(a), int(b)))) for a, b in zip(planted, copies, strict=True)}

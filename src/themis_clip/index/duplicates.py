@@ -2,10 +2,11 @@
 resized or lightly edited copies), as immich's duplicate detection finds them.
 
 Each item asks a search graph for its nearest neighbours (not all pairs: 100k items would be
-5·10⁹ of them); a candidate pair is kept when its exact cosine similarity (the stored float32
-vectors) reaches ``threshold``; groups are the connected components of the kept pairs. A
-group's ``score`` is the lowest similarity between any two of its items (computed exactly, so
-a chain a~b~c whose ends are further apart says so). Small collections are compared exactly,
+5·10⁹ of them): the index's own graph when it has one (SQLite), else one built for the run.
+A candidate pair is kept when its exact cosine similarity (the stored float32 vectors) reaches
+``threshold``; groups are the connected components of the kept pairs. A group's ``score`` is
+the lowest similarity between any two of its items (computed exactly, so a chain a~b~c whose
+ends are further apart says so). Small collections are compared exactly,
 all pairs (it is then cheaper than building a graph).
 
 The default threshold, 0.99 cosine similarity, is immich's (a maximum cosine *distance* of
@@ -61,17 +62,31 @@ def _pairs_exact(
     return np.concatenate(rows_a), np.concatenate(rows_b)
 
 
+def _graph(
+    index: VectorIndex, ids: npt.NDArray[np.int64], vectors: npt.NDArray[np.float32], threads: int
+) -> HNSWIndex:
+    """The index's own search graph when it has one that holds every item (SQLite's, saved
+    by ``themis-clip index``), else a temporary one (PostgreSQL's lives in the server)."""
+    current = getattr(index.searcher, "current_graph", None)
+    graph = current(vectors.shape[1]) if current is not None else None
+    if isinstance(graph, HNSWIndex) and len(graph) == len(ids):
+        return graph
+    # Near-duplicates sit very close: a light graph finds them (build time is the cost here).
+    graph = HNSWIndex.build(
+        ids, vectors, connectivity=12, expansion_add=40, dtype=GraphDType.I8, threads=threads
+    )
+    graph.expansion_search = 64
+    return graph
+
+
 def _pairs_graph(
+    graph: HNSWIndex,
     ids: npt.NDArray[np.int64],
     vectors: npt.NDArray[np.float32],
     threshold: float,
     neighbours: int,
     threads: int,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    graph = HNSWIndex.build(
-        ids, vectors, connectivity=16, expansion_add=64, dtype=GraphDType.I8, threads=threads
-    )
-    graph.expansion_search = max(64, 2 * neighbours)
     found = graph.search_many(vectors, neighbours + 1, threads=threads)  # itself among them
     rows = np.searchsorted(ids, found)  # ids are sorted (the stores load them in id order)
     rows[(found < 0) | (rows >= len(ids))] = -1
@@ -141,7 +156,8 @@ def find_duplicates(
     if len(ids) <= exact_below:
         a, b = _pairs_exact(vectors, threshold)
     else:
-        a, b = _pairs_graph(ids, vectors, threshold, neighbours, threads)
+        graph = _graph(index, ids, vectors, threads)
+        a, b = _pairs_graph(graph, ids, vectors, threshold, neighbours, threads)
     groups = []
     for rows in _components(len(ids), a, b):
         members = vectors[rows]

@@ -54,7 +54,7 @@ __all__ = [
 #: The mean Earth radius (IUGG), for great-circle distances.
 EARTH_KM = 6371.0088
 #: Paths with expression indexes in both stores (constant SQL text, never user text).
-INDEXED_PATHS = (("taken",), ("gps", "lat"), ("gps", "lon"))
+INDEXED_PATHS = (("taken",), ("gps", "lat"), ("gps", "lon"), ("camera", "make"))
 
 
 @dataclass(frozen=True, kw_only=True)

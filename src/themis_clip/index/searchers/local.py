@@ -159,6 +159,13 @@ class LocalSearcher:
         with self._lock.read():  # a write since is caught up by the next search
             return self._search(query, k, allowed, dim)
 
+    def current_graph(self, dim: int) -> HNSWIndex | None:
+        """The graph searches use now, caught up with the store (None: searched exactly);
+        for batch use cases such as near-duplicates (read only: never modify it)."""
+        with self._lock.write():
+            self._refresh(dim, build=False)
+            return self._ann
+
     def _is_current(self) -> bool:
         """Nothing to bring up to date: no write since, no finished build to collect."""
         built = self._building is not None and self._building[1].done()

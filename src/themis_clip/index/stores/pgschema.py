@@ -106,6 +106,7 @@ _WHERE_INDEXES = [
     + "), ("
     + pg_number("(doc -> 'gps' -> 'lon')", "(doc -> 'gps' -> 'lon')")
     + "))",
+    "CREATE INDEX IF NOT EXISTS themis_items_camera ON themis_items ((doc -> 'camera' -> 'make'))",
 ]
 
 MIGRATIONS: dict[int, list[str]] = {

@@ -72,7 +72,7 @@ def _index_fields(db: sqlite3.Connection) -> None:
 
 # v6 (photo): expression indexes for the ``where`` language's indexed paths (the very
 # expressions :func:`..where.compile_sqlite` writes for them), so a date range or a geo box
-# over 100k items reads an index range instead of every row's JSON.
+# over 100k items reads an index range instead of every row's JSON (and so does a camera make).
 _TAKEN = "'$.taken'"
 _WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
     "CREATE INDEX IF NOT EXISTS items_taken ON items("
@@ -83,6 +83,7 @@ _WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
     + ", "
     + sqlite_number("'$.gps.lon'")
     + ")",
+    "CREATE INDEX IF NOT EXISTS items_camera ON items(json_extract(metadata, '$.camera.make'))",
 ]
 
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
