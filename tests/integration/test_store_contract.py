@@ -524,3 +524,36 @@ def test_exif_metadata_arrives_on_the_next_run_without_re_embedding(
         write_png(folder / "p3.png", 3)  # a new file gets its metadata as it is embedded
         index_folder(index, folder, embedder, stamp=STAMP, metadata=read)
         assert index.store.get(str(folder / "p3.png")).metadata["taken"] == "2023-07-13T10:00:00"
+
+
+@pytest.mark.parametrize(
+    ("where", "index_name"),
+    [
+        ({"taken": {"$gte": "2023-07-15"}}, "taken"),
+        ({"gps": {"$near": {"lat": 48.86, "lon": 2.34, "km": 50}}}, "gps"),
+        ({"camera.make": "Canon"}, "camera"),
+    ],
+)
+def test_where_on_taken_gps_and_camera_reads_an_index(
+    location: str, where: dict[str, object], index_name: str
+) -> None:
+    from themis_clip.index.where import compile_postgres, compile_sqlite
+
+    with _where_index(location) as index:
+        store = index.store
+        if isinstance(location, str) and location.startswith("postgresql"):
+            sql, params = compile_postgres(parse_where(where))
+            with store.connection() as db, db.transaction():  # type: ignore[attr-defined]
+                db.execute("SET LOCAL enable_seqscan = off")  # 7 rows: force the choice
+                plan = db.execute(
+                    f"EXPLAIN SELECT id FROM themis_items WHERE {sql}", params
+                ).fetchall()
+            assert f"themis_items_{index_name}" in str(plan)
+        else:
+            sql, params = compile_sqlite(parse_where(where))
+            plan = (
+                store._reader()  # type: ignore[attr-defined]
+                .execute(f"EXPLAIN QUERY PLAN SELECT id FROM items WHERE {sql}", params)
+                .fetchall()
+            )
+            assert f"USING INDEX items_{index_name}" in str(plan)
