@@ -557,3 +557,18 @@ def test_where_on_taken_gps_and_camera_reads_an_index(
                 .fetchall()
             )
             assert f"USING INDEX items_{index_name}" in str(plan)
+
+
+def test_photo_facets_give_the_date_range_and_the_makes(location: str) -> None:
+    with _where_index(location) as index:
+        facets = index.store.photo_facets()
+        # By instant: paris and versailles are one instant; "not a date" is no date.
+        assert facets["taken"]["first"] in ("2023-07-14T18:03:11+02:00", "2023-07-14T16:03:11Z")
+        assert facets["taken"]["last"] == "2023-07-15T09:00:00"
+        assert facets["makes"] == [
+            {"make": "Canon", "count": 2},
+            {"make": "Apple", "count": 1},
+            {"make": "NIKON", "count": 1},
+        ]
+        index.store.delete_keys(list(PHOTOS))
+        assert index.store.photo_facets() == {"taken": None, "makes": []}

@@ -9,9 +9,21 @@ from typing import Any
 
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.pgschema import jsonb_text
-from themis_clip.index.where import Where, compile_postgres
+from themis_clip.index.where import Where, compile_postgres, pg_instant
 
 __all__ = ["PgWhereMixin"]
+
+_TAKEN = "(doc -> 'taken')"
+_INSTANT = pg_instant(_TAKEN, _TAKEN)  # the themis_items_taken index's expression
+_TAKEN_SQL = (
+    f"SELECT doc ->> 'taken' FROM themis_items WHERE {_INSTANT} IS NOT NULL "  # noqa: S608
+    f"ORDER BY {_INSTANT} DIRECTION LIMIT 1"
+)
+_MAKES_SQL = (
+    "SELECT doc -> 'camera' ->> 'make' AS make, count(*) AS n FROM themis_items "
+    "WHERE jsonb_typeof(doc -> 'camera' -> 'make') = 'string' GROUP BY make "
+    "ORDER BY n DESC, make LIMIT %s"
+)
 
 
 class PgWhereMixin:
@@ -46,3 +58,15 @@ class PgWhereMixin:
                     "UPDATE themis_items SET metadata = %s, doc = %s::jsonb WHERE key = %s", row
                 ).rowcount
         return done
+
+    def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]:
+        """``{"taken": {"first", "last"} | None, "makes": [{"make", "count"}]}`` for the
+        page's date-range and camera pickers."""
+        with self._db() as db:
+            first = db.execute(_TAKEN_SQL.replace("DIRECTION", "ASC")).fetchone()
+            last = db.execute(_TAKEN_SQL.replace("DIRECTION", "DESC")).fetchone()
+            makes = db.execute(_MAKES_SQL, (max_makes,)).fetchall()
+        return {
+            "taken": {"first": first[0], "last": last[0]} if first and last else None,
+            "makes": [{"make": m, "count": int(n)} for m, n in makes],
+        }

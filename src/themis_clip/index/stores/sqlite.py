@@ -47,7 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import comparable, encode, validate_filters, validate_metadata
+from themis_clip.index.metadata import comparable, validate_filters
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.rows import (
     COLUMNS,
@@ -64,14 +64,14 @@ from themis_clip.index.stores.sqlschema import (
     SCHEMA_VERSION,
     fields_of,
 )
-from themis_clip.index.where import Where, compile_sqlite
+from themis_clip.index.stores.sqlwhere import SQLiteWhereMixin
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
 
-class IndexStore:
+class IndexStore(SQLiteWhereMixin):
     """An SQLite file holding items and vectors.
 
     Args:
@@ -364,38 +364,6 @@ class IndexStore:
             return {r[0] for r in self._reader().execute("SELECT id FROM items").fetchall()}
         sql = " INTERSECT ".join([FILTER_TERM] * len(terms))
         return {r[0] for r in self._reader().execute(sql, [p for t in terms for p in t]).fetchall()}
-
-    def ids_where(self, where: Where) -> set[int]:
-        """Ids whose metadata satisfies ``where`` (:mod:`..where`; every value bound)."""
-        sql, params = compile_sqlite(where)
-        # The compiled text holds only constant SQL and "?" marks.
-        query = f"SELECT id FROM items WHERE {sql}"  # noqa: S608
-        return {r[0] for r in self._reader().execute(query, params).fetchall()}
-
-    def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int:
-        """Replace the metadata of existing items (key → metadata) in one transaction,
-        leaving their vectors alone (not a write of the vector: graphs need no catch-up).
-        Returns how many items there were."""
-        checked_values = [
-            (encode(validate_metadata(m)) if m is not None else None, k) for k, m in values.items()
-        ]
-        if not checked_values:
-            return 0
-        with self.transaction() as db:
-            done = 0
-            for text, key in checked_values:
-                done += db.execute(
-                    "UPDATE items SET metadata = ? WHERE key = ?", (text, key)
-                ).rowcount
-            db.executemany(
-                "DELETE FROM fields WHERE id = (SELECT id FROM items WHERE key = ?)",
-                [(k,) for k in values],
-            )
-            db.executemany(
-                ADD_FIELDS + " WHERE key = ?",
-                [(*field, k) for k, m in values.items() for field in fields_of(m)],
-            )
-        return done
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` some item's metadata has at its top level."""
