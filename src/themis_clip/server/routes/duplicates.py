@@ -1,4 +1,6 @@
-"""``GET /duplicates?threshold=``: groups of near-duplicate items (:mod:`...index.duplicates`)."""
+"""The photo routes: ``GET /duplicates?threshold=`` (groups of near-duplicate items,
+:mod:`...index.duplicates`) and ``GET /index/photo-facets`` (the date range and camera makes
+the page's filters offer)."""
 
 from __future__ import annotations
 
@@ -30,3 +32,10 @@ async def duplicates(
         ]
         out.append({"items": items, "score": group.score})
     return {"threshold": threshold, "groups": out}
+
+
+@router.get("/index/photo-facets")
+async def photo_facets(state: StateDep) -> dict[str, Any]:
+    """``{"taken": {"first", "last"} | null, "makes": [{"make", "count"}]}``."""
+    idx = state.require_index()
+    return await asyncio.to_thread(idx.store.photo_facets)
