@@ -385,31 +385,26 @@ class _SQLite(_Compiler):
             return "'$." + ".".join(path) + "'"
         return self.bind("$" + "".join(f'."{s}"' for s in path))
 
+    # Every SQLite leaf first checks json_valid: one row of malformed JSON (written by hand or
+    # by another tool) must match nothing, not fail the query or the index's upkeep.
     def exists(self, path: Path) -> str:
-        return f"(json_type(metadata, {self.json_path(path)}) IS NOT NULL)"
+        return f"({_VALID} AND json_type(metadata, {self.json_path(path)}) IS NOT NULL)"
 
     def equal(self, path: Path, value: Scalar) -> str:
         if isinstance(value, str) and (instant := parse_instant(value)) is not None:
             return f"({self.instant(path)} = {self.when(instant)})"
         if value is None:
-            return f"(json_type(metadata, {self.json_path(path)}) = 'null')"
+            return f"({_VALID} AND json_type(metadata, {self.json_path(path)}) = 'null')"
         if isinstance(value, bool):
             kind = "true" if value else "false"
-            return f"(json_type(metadata, {self.json_path(path)}) = '{kind}')"
+            return f"({_VALID} AND json_type(metadata, {self.json_path(path)}) = '{kind}')"
         if isinstance(value, str):
-            p, p2 = self.json_path(path), self.json_path(path)
-            return (
-                f"(json_type(metadata, {p}) = 'text' AND "
-                f"json_extract(metadata, {p2}) = {self.bind(value)})"
-            )
+            text = sqlite_text(self.json_path(path), self.json_path(path))
+            return f"({text} = {self.bind(value)})"
         return f"({self.number(path)} = {self.bind(value)})"
 
     def number(self, path: Path) -> str:
-        p, p2 = self.json_path(path), self.json_path(path)
-        return (
-            f"(CASE WHEN json_type(metadata, {p}) IN ('integer', 'real') "
-            f"THEN json_extract(metadata, {p2}) END)"
-        )
+        return sqlite_number(self.json_path(path), self.json_path(path))
 
     def instant(self, path: Path) -> str:
         return sqlite_instant(self.json_path(path), self.json_path(path), self.json_path(path))
@@ -418,19 +413,31 @@ class _SQLite(_Compiler):
         return f"julianday({self.bind(instant.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3])})"
 
 
+_VALID = "json_valid(metadata)"
+
+
 def sqlite_instant(p1: str, p2: str, p3: str) -> str:
     """The Julian day of a date string at a path (NULL: not one); also the index expression."""
     return (
-        f"julianday(CASE WHEN json_type(metadata, {p1}) = 'text' AND json_extract(metadata, {p2}) "
-        f"GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' THEN json_extract(metadata, {p3}) END)"
+        f"julianday(CASE WHEN {_VALID} AND json_type(metadata, {p1}) = 'text' AND "
+        f"json_extract(metadata, {p2}) GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' "
+        f"THEN json_extract(metadata, {p3}) END)"
     )
 
 
-def sqlite_number(path: str) -> str:
-    """A number at a constant path (the index expression for ``gps.lat`` / ``gps.lon``)."""
+def sqlite_number(p1: str, p2: str) -> str:
+    """A number at a path (NULL: not one); also the index expression for ``gps``."""
     return (
-        f"(CASE WHEN json_type(metadata, {path}) IN ('integer', 'real') "
-        f"THEN json_extract(metadata, {path}) END)"
+        f"(CASE WHEN {_VALID} AND json_type(metadata, {p1}) IN ('integer', 'real') "
+        f"THEN json_extract(metadata, {p2}) END)"
+    )
+
+
+def sqlite_text(p1: str, p2: str) -> str:
+    """A string at a path (NULL: not one); also the index expression for ``camera.make``."""
+    return (
+        f"(CASE WHEN {_VALID} AND json_type(metadata, {p1}) = 'text' "
+        f"THEN json_extract(metadata, {p2}) END)"
     )
 
 

@@ -36,6 +36,7 @@ except inside this thread's own transaction, which reads what it is writing.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -151,7 +152,20 @@ class IndexStore(SQLiteWhereMixin):
         if version == SCHEMA_VERSION:
             return
         if self.readonly:
-            raise SearchIndexError(f"index {self.path} needs a migration; open it writable once")
+            # Read-only means "this caller writes no items"; a schema step is the store's own
+            # business, so a file this process may write is migrated (a writable open does it).
+            if not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)):
+                raise SearchIndexError(
+                    f"index {self.path} needs a migration; open it writable once"
+                )
+            log.info(
+                "index %s: schema %d -> %d before a read-only open",
+                self.path,
+                version,
+                SCHEMA_VERSION,
+            )
+            IndexStore(self.path).close()
+            return
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self.transaction() as db:
                 for step in MIGRATIONS[target]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from themis_clip.index.metadata import comparable, decode_stored, repair
-from themis_clip.index.where import sqlite_instant, sqlite_number
+from themis_clip.index.where import sqlite_instant, sqlite_number, sqlite_text
 
 __all__ = ["ADD_FIELDS", "FILTER_TERM", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
 
@@ -79,11 +79,13 @@ _WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
     + sqlite_instant(_TAKEN, _TAKEN, _TAKEN)
     + ")",
     "CREATE INDEX IF NOT EXISTS items_gps ON items("
-    + sqlite_number("'$.gps.lat'")
+    + sqlite_number("'$.gps.lat'", "'$.gps.lat'")
     + ", "
-    + sqlite_number("'$.gps.lon'")
+    + sqlite_number("'$.gps.lon'", "'$.gps.lon'")
     + ")",
-    "CREATE INDEX IF NOT EXISTS items_camera ON items(json_extract(metadata, '$.camera.make'))",
+    "CREATE INDEX IF NOT EXISTS items_camera ON items("
+    + sqlite_text("'$.camera.make'", "'$.camera.make'")
+    + ")",
 ]
 
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {

@@ -10,7 +10,7 @@ from typing import Any
 
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.sqlschema import ADD_FIELDS, fields_of
-from themis_clip.index.where import Where, compile_sqlite, sqlite_instant
+from themis_clip.index.where import Where, compile_sqlite, sqlite_instant, sqlite_text
 
 __all__ = ["SQLiteWhereMixin"]
 
@@ -21,10 +21,10 @@ _TAKEN_SQL = (
     f"SELECT json_extract(metadata, '$.taken') FROM items WHERE {_INSTANT} IS NOT NULL "  # noqa: S608
     f"ORDER BY {_INSTANT} DIRECTION LIMIT 1"
 )
+_MAKE = sqlite_text("'$.camera.make'", "'$.camera.make'")  # the items_camera index's
 _MAKES_SQL = (
-    "SELECT json_extract(metadata, '$.camera.make') AS make, count(*) AS n FROM items "
-    "WHERE json_type(metadata, '$.camera.make') = 'text' GROUP BY make ORDER BY n DESC, make "
-    "LIMIT ?"
+    f"SELECT {_MAKE} AS make, count(*) AS n FROM items WHERE make IS NOT NULL "  # noqa: S608
+    "GROUP BY make ORDER BY n DESC, make LIMIT ?"
 )
 
 
