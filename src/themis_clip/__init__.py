@@ -34,6 +34,7 @@ from themis_clip.errors import (
     SearchIndexError,
     TextInputError,
     ThemisClipError,
+    WhereError,
 )
 from themis_clip.interface import (
     THEMIS_IMAGE_PLUGIN_API_VERSION,
@@ -118,6 +119,7 @@ __all__ = [
     "TensorRTConfig",
     "TextInputError",
     "ThemisClipError",
+    "WhereError",
     "__version__",
     "available_backends",
     "create_image_plugin",

@@ -20,6 +20,7 @@
     │   ├── ImageTooLargeError      the image declares more pixels than ``max_image_pixels``
     │   ├── TextInputError          not a string, or not encodable
     │   ├── MetadataError           item metadata is not bounded, strict JSON (names the limit)
+    │   │   └── WhereError          a ``where`` filter is malformed (names its path)
     │   └── RequestTooLargeError    more items in one request than the service can ever queue
     ├── ResourceBusyError           a shared budget (decoded pixels in flight) stayed full; retry
     ├── QueueFullError              the micro-batching queue is full now; retry after retry_after_s
@@ -60,6 +61,7 @@ __all__ = [
     "SearchIndexError",
     "TextInputError",
     "ThemisClipError",
+    "WhereError",
 ]
 
 
@@ -141,6 +143,15 @@ class TextInputError(InputError):
 
 class MetadataError(InputError):
     """Item metadata is not bounded, strict JSON (the message names the path and the limit)."""
+
+
+class WhereError(MetadataError):
+    """A ``where`` filter is malformed: an unknown operator, a wrong operand, a bad date or a
+    limit passed. ``path`` names where (``where.$or[1].taken.$gte``)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
 
 
 class RequestTooLargeError(InputError):

@@ -77,6 +77,7 @@ CASES: dict[str, tuple[list[str], str | None]] = {
     "verify": (["model", "--reference", "ref"], "export"),
     "demo": (["--count", "4", "--gallery", "gallery/g"], None),
     "keys": (["list", "--keys", "keys.json"], None),
+    "duplicates": (["--index", PG], "postgres"),
     "models": (["list"], None),
 }
 

@@ -13,9 +13,11 @@ import pytest
 from tests.fakes import STAMP, FakeEmbedder, unit, write_png
 from tests.pg import BUILDS, PgServers
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
+from themis_clip.errors import WhereError
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import ModelStamp, VectorIndex
 from themis_clip.index.stores import ItemRow, open_store
+from themis_clip.index.where import parse_where
 
 DIM = 16
 
@@ -335,3 +337,238 @@ def test_remove_deletes_the_index(location: str) -> None:
     VectorIndex.remove(location)
     with VectorIndex(location) as index:
         assert index.store.count() == 0 and index.stamp is None
+
+
+# -- the where language (themis_clip.index.where) ------------------------------------------------
+
+PHOTOS: dict[str, dict[str, object]] = {
+    "paris": {
+        "taken": "2023-07-14T18:03:11+02:00",  # 16:03:11 UTC
+        "camera": {"make": "Canon", "model": "EOS R5"},
+        "gps": {"lat": 48.8584, "lon": 2.2945},
+        "n": 1,
+    },
+    "versailles": {
+        "taken": "2023-07-14T16:03:11Z",  # the same instant as paris
+        "camera": {"make": "Canon", "model": "EOS R6"},
+        "gps": {"lat": 48.8049, "lon": 2.1204},
+        "n": 1.0,
+    },
+    "sydney": {
+        "taken": "2023-07-15T09:00:00",  # no offset: UTC
+        "camera": {"make": "NIKON", "model": "Z 6"},
+        "gps": {"lat": -33.8568, "lon": 151.2153},
+        "n": 2,
+    },
+    "rio": {
+        "taken": "2023-07-15",  # a date: that day's start
+        "camera": {"make": "Apple"},
+        "gps": {"lat": -22.9519, "lon": -43.2105},  # south and west
+        "n": True,
+    },
+    "fiji": {"gps": {"lat": -17.7, "lon": 179.9}, "n": "2", "taken": "not a date"},
+    "samoa": {"gps": {"lat": -13.8, "lon": -171.8}, "odd'key; DROP TABLE items; --": "x"},
+    "bare": {},
+}
+
+
+def _where_index(location: str) -> VectorIndex:
+    index = VectorIndex(location)
+    index.bind_model(STAMP)
+    index.store.upsert(
+        [
+            ItemRow(key=k, vector=unit(i), metadata=m or None)
+            for i, (k, m) in enumerate(PHOTOS.items())
+        ],
+        dim=DIM,
+    )
+    return index
+
+
+def test_where_operators_nested_paths_dates_and_geo(location: str) -> None:
+    with _where_index(location) as index:
+
+        def keys(where: dict[str, object]) -> set[str]:
+            ids = index.store.ids_where(parse_where(where))
+            return {item.key for item in index.store.items_by_id(list(ids)).values()}
+
+        assert keys({"camera.make": "Canon"}) == {"paris", "versailles"}
+        assert keys({"camera.make": {"$eq": "Canon"}, "camera.model": "EOS R6"}) == {"versailles"}
+        assert keys({"camera.make": {"$ne": "Canon"}}) == set(PHOTOS) - {"paris", "versailles"}
+        assert keys({"camera.make": {"$in": ["Apple", "NIKON"]}}) == {"rio", "sydney"}
+        assert keys({"camera.make": {"$nin": ["Apple", "Canon"]}}) == {
+            "sydney",
+            "fiji",
+            "samoa",
+            "bare",
+        }
+        assert keys({"camera.model": {"$exists": True}}) == {"paris", "versailles", "sydney"}
+        assert keys({"camera": {"$exists": False}}) == {"fiji", "samoa", "bare"}
+        # Numbers: 1 and 1.0 are one, true is not 1, "2" is not 2.
+        assert keys({"n": 1}) == {"paris", "versailles"}
+        assert keys({"n": {"$gte": 1.5}}) == {"sydney"}
+        assert keys({"n": {"$lt": 2}}) == {"paris", "versailles"}
+        assert keys({"n": True}) == {"rio"} and keys({"n": "2"}) == {"fiji"}
+        # Dates as instants: offsets honoured, no offset is UTC, a date is the day's start.
+        assert keys({"taken": "2023-07-14T16:03:11+00:00"}) == {"paris", "versailles"}
+        assert keys({"taken": {"$gt": "2023-07-14T16:03:11Z"}}) == {"sydney", "rio"}
+        assert keys({"taken": {"$gte": "2023-07-15"}}) == {"sydney", "rio"}
+        assert keys({"taken": {"$lt": "2023-07-15T00:00:00"}}) == {"paris", "versailles"}
+        assert keys({"taken": {"$lte": "2023-07-15T02:00:00+02:00"}}) == {
+            "paris",
+            "versailles",
+            "rio",
+        }
+        assert keys({"taken": {"$gte": "2023-07-14", "$lt": "2023-07-15"}}) == {
+            "paris",
+            "versailles",
+        }
+        # Logic.
+        assert keys({"$or": [{"n": 2}, {"camera.make": "Apple"}]}) == {"sydney", "rio"}
+        assert keys({"$and": [{"n": 1}, {"camera.model": "EOS R5"}]}) == {"paris"}
+        assert keys({"$not": {"camera.make": "Canon"}}) == set(PHOTOS) - {"paris", "versailles"}
+        assert keys({"n": {"$not": {"$gte": 1.5}}}) == set(PHOTOS) - {"sydney"}
+        # Geo: great-circle radius, south and west negative, across the antimeridian.
+        near_paris = {"gps": {"$near": {"lat": 48.86, "lon": 2.34, "km": 50}}}
+        assert keys(near_paris) == {"paris", "versailles"}
+        assert keys({"gps": {"$near": {"lat": 48.86, "lon": 2.34, "km": 10}}}) == {"paris"}
+        assert keys({"gps": {"$near": {"lat": -22.9, "lon": -43.2, "km": 20}}}) == {"rio"}
+        assert keys({"gps": {"$near": {"lat": -17.7, "lon": -179.9, "km": 30}}}) == {"fiji"}
+        assert keys({"gps": {"$near": {"lat": -15, "lon": 180, "km": 1000}}}) == {"fiji", "samoa"}
+        assert keys({"gps.lat": {"$lt": 0}}) == {"sydney", "rio", "fiji", "samoa"}
+        # And in a search, with the equality filters.
+        hits = index.search(unit(0), 5, where=near_paris)
+        assert {h.key for h in hits} == {"paris", "versailles"} and hits[0].key == "paris"
+        hits = index.search(unit(0), 5, {"n": 1}, where={"camera.model": "EOS R6"})
+        assert [h.key for h in hits] == ["versailles"]
+
+
+def test_where_values_and_keys_never_become_sql(location: str) -> None:
+    with _where_index(location) as index:
+
+        def keys(where: dict[str, object]) -> set[str]:
+            ids = index.store.ids_where(parse_where(where))
+            return {item.key for item in index.store.items_by_id(list(ids)).values()}
+
+        evil = "odd'key; DROP TABLE items; --"
+        assert keys({evil: "x"}) == {"samoa"}
+        assert keys({evil: {"$exists": True}}) == {"samoa"}
+        assert keys({"camera.make": "x' OR '1'='1"}) == set()
+        assert keys({"camera.make": {"$in": ["'); DROP TABLE themis_items; --", "Canon"]}}) == {
+            "paris",
+            "versailles",
+        }
+        assert (
+            keys({"[0]": 1}) == set()
+            and keys({"gps.$[0]": 1}) == set()
+            and keys({"a*": {"$exists": True}}) == set()
+        )
+        assert keys({"camera.make%": {"$exists": True}}) == set()
+        assert index.store.count() == len(PHOTOS)  # nothing was dropped
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ({"n": {"$regex": "x"}}, "where.n.$regex"),
+        ({"$nor": []}, "where.$nor"),
+        ({"n": {"$gt": "soon"}}, "where.n.$gt"),
+        ({"taken": {"$gte": "2023-13-40"}}, "where.taken.$gte"),
+        ({"n": {"$in": 3}}, "where.n.$in"),
+        ({"n": {"$exists": 1}}, "where.n.$exists"),
+        ({"$or": [{"n": 1}, {"m": {"$lt": [1]}}]}, "where.$or[1].m.$lt"),
+        ({"gps": {"$near": {"lat": 91, "lon": 0, "km": 1}}}, "where.gps.$near.lat"),
+        ({"gps": {"$near": {"lat": 0, "lon": 0}}}, "where.gps.$near"),
+        ({"n": {"$in": list(range(300))}}, "where.n.$in"),
+        ({"a..b": 1}, "where.a..b"),
+        ({"$and": [{"n": 1}] * 70}, "where.$and"),
+    ],
+)
+def test_bad_where_filters_name_their_path(where: dict[str, object], path: str) -> None:
+    with pytest.raises(WhereError) as caught:
+        parse_where(where)
+    assert caught.value.path.startswith(path), caught.value
+    assert isinstance(caught.value, MetadataError)  # a 422 over HTTP
+
+
+def test_exif_metadata_arrives_on_the_next_run_without_re_embedding(
+    location: str, tmp_path: Path
+) -> None:
+    folder = tmp_path / "photos"
+    for i in range(3):
+        write_png(folder / f"p{i}.png", i)
+    embedder = FakeEmbedder()
+    with VectorIndex(location) as index:
+        index_folder(index, folder, embedder, stamp=STAMP)  # an older run: no metadata reader
+        index.store.upsert([ItemRow(key="http", vector=unit(9), metadata={"given": 1})], dim=DIM)
+        vectors = {k: index.store.vector(str(folder / f"p{k}.png")) for k in range(3)}
+
+        def read(path: Path) -> dict[str, object]:
+            n = int(path.stem[1:])
+            return {"taken": f"2023-07-1{n}T10:00:00", "camera": {"make": "Canon"}}
+
+        report = index_folder(index, folder, embedder, stamp=STAMP, metadata=read)
+        assert report.embedded == 0 and len(embedder.embedded) == 3  # nothing embedded again
+        item = index.store.get(str(folder / "p2.png"))
+        assert item and item.metadata == {
+            "taken": "2023-07-12T10:00:00",
+            "camera": {"make": "Canon"},
+        }
+        assert all(
+            np.array_equal(index.store.vector(str(folder / f"p{k}.png")), v)
+            for k, v in vectors.items()
+        )
+        assert index.store.get("http").metadata == {"given": 1}  # HTTP items keep theirs
+        hits = index.search(unit(0), 5, where={"taken": {"$gte": "2023-07-11"}})
+        assert {h.key for h in hits} == {str(folder / "p1.png"), str(folder / "p2.png")}
+        write_png(folder / "p3.png", 3)  # a new file gets its metadata as it is embedded
+        index_folder(index, folder, embedder, stamp=STAMP, metadata=read)
+        assert index.store.get(str(folder / "p3.png")).metadata["taken"] == "2023-07-13T10:00:00"
+
+
+@pytest.mark.parametrize(
+    ("where", "index_name"),
+    [
+        ({"taken": {"$gte": "2023-07-15"}}, "taken"),
+        ({"gps": {"$near": {"lat": 48.86, "lon": 2.34, "km": 50}}}, "gps"),
+        ({"camera.make": "Canon"}, "camera"),
+    ],
+)
+def test_where_on_taken_gps_and_camera_reads_an_index(
+    location: str, where: dict[str, object], index_name: str
+) -> None:
+    from themis_clip.index.where import compile_postgres, compile_sqlite
+
+    with _where_index(location) as index:
+        store = index.store
+        if isinstance(location, str) and location.startswith("postgresql"):
+            sql, params = compile_postgres(parse_where(where))
+            with store.connection() as db, db.transaction():  # type: ignore[attr-defined]
+                db.execute("SET LOCAL enable_seqscan = off")  # 7 rows: force the choice
+                plan = db.execute(
+                    f"EXPLAIN SELECT id FROM themis_items WHERE {sql}", params
+                ).fetchall()
+            assert f"themis_items_{index_name}" in str(plan)
+        else:
+            sql, params = compile_sqlite(parse_where(where))
+            plan = (
+                store._reader()  # type: ignore[attr-defined]
+                .execute(f"EXPLAIN QUERY PLAN SELECT id FROM items WHERE {sql}", params)
+                .fetchall()
+            )
+            assert f"USING INDEX items_{index_name}" in str(plan)
+
+
+def test_photo_facets_give_the_date_range_and_the_makes(location: str) -> None:
+    with _where_index(location) as index:
+        facets = index.store.photo_facets()
+        # By instant: paris and versailles are one instant; "not a date" is no date.
+        assert facets["taken"]["first"] in ("2023-07-14T18:03:11+02:00", "2023-07-14T16:03:11Z")
+        assert facets["taken"]["last"] == "2023-07-15T09:00:00"
+        assert facets["makes"] == [
+            {"make": "Canon", "count": 2},
+            {"make": "Apple", "count": 1},
+            {"make": "NIKON", "count": 1},
+        ]
+        index.store.delete_keys(list(PHOTOS))
+        assert index.store.photo_facets() == {"taken": None, "makes": []}

@@ -375,3 +375,60 @@ def test_a_filter_on_many_unknown_keys_asks_the_store_once(
         with pytest.raises(MetadataError, match="missing00"):
             index.search(unit(1), 1, {f"missing{j:02d}": j for j in range(32)})
         assert len(calls) == 1 and len(calls[0]) == 32
+
+
+def test_migration_to_v6_indexes_dates_and_places_and_a_read_only_open_migrates(
+    tmp_path: Path,
+) -> None:
+    from themis_clip.index.where import parse_where
+
+    path = tmp_path / "i.db"
+    with IndexStore(path) as store:
+        store.upsert(
+            [
+                ItemRow(key="a", vector=unit(1), metadata={"taken": "2023-07-14T18:03:11+02:00"}),
+                ItemRow(key="b", vector=unit(2), metadata={"gps": {"lat": -33.9, "lon": 151.2}}),
+            ],
+            dim=DIM,
+        )
+    db = sqlite3.connect(path)  # back to what version 5 wrote: no expression indexes
+    for name in ("items_taken", "items_gps", "items_camera"):
+        db.execute(f"DROP INDEX {name}")
+    db.execute("PRAGMA user_version = 5")
+    db.commit()
+    db.close()
+    with IndexStore(path, readonly=True) as store:  # a writable file: migrated, then read
+        (version,) = store._db.execute("PRAGMA user_version").fetchone()
+        assert version == SCHEMA_VERSION
+        taken = parse_where({"taken": {"$gte": "2023-07-14T16:00:00Z"}})
+        assert {store.items_by_id([i])[i].key for i in store.ids_where(taken)} == {"a"}
+        plan = store._db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'items_%'"
+        ).fetchall()
+        assert {"items_taken", "items_gps", "items_camera"} <= {r[0] for r in plan}
+    db = sqlite3.connect(path)  # a row of malformed JSON (another tool's) matches nothing
+    db.execute("UPDATE items SET metadata = '{not json' WHERE key = 'b'")
+    db.commit()
+    db.close()
+    with IndexStore(path, readonly=True) as store:
+        near = parse_where({"gps": {"$near": {"lat": -33.9, "lon": 151.2, "km": 5}}})
+        assert store.ids_where(near) == set()
+        assert len(store.ids_where(parse_where({"x": {"$ne": 1}}))) == 2
+        assert len(store.ids_where(taken)) == 1
+
+
+def test_a_read_only_open_of_an_older_file_it_cannot_write_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "i.db"
+    IndexStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 5")
+    db.commit()
+    db.close()
+    path.chmod(0o444)
+    try:
+        if os.access(path, os.W_OK):
+            pytest.skip("running as a user who may write any file (root)")
+        with pytest.raises(SearchIndexError, match="needs a migration; open it writable once"):
+            IndexStore(path, readonly=True)
+    finally:
+        path.chmod(0o644)

@@ -19,14 +19,25 @@ from collections.abc import Sequence
 
 from themis_clip._version import __version__
 from themis_clip.allocator import pin_mmap_threshold
-from themis_clip.cli import classify, dataset, demo, embed, export, index, keys, models, serve
+from themis_clip.cli import (
+    classify,
+    dataset,
+    demo,
+    duplicates,
+    embed,
+    export,
+    index,
+    keys,
+    models,
+    serve,
+)
 from themis_clip.cli.common import CLIError
 from themis_clip.cli.extras import missing_extra
 from themis_clip.errors import ThemisClipError
 
 __all__ = ["main"]
 
-_GROUPS = (embed, classify, index, dataset, serve, keys, export, demo, models)
+_GROUPS = (embed, classify, index, duplicates, dataset, serve, keys, export, demo, models)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from themis_clip.cli.index import _print_hits, _print_report, _query_vector
 from themis_clip.demo.queries import demo_queries
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import VectorIndex
-from themis_clip.preprocess.image import describe_image
+from themis_clip.preprocess.exif import read_exif
 
 
 def register(sub: Any) -> None:
@@ -48,7 +48,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                 plugin,
                 stamp=stamp_of(plugin),
                 progress=False,
-                describe=describe_image,
+                metadata=read_exif,
             )
             _print_report(report, index_path)
             truth = {str(path.resolve()): scene for path, scene in gallery}

@@ -20,11 +20,13 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
+from themis_clip.errors import WhereError
 from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.search import Hit, VectorIndex
+from themis_clip.index.where import Where, parse_where
 from themis_clip.plugin import OnnxClipPlugin
-from themis_clip.preprocess.image import describe_image
+from themis_clip.preprocess.exif import read_exif
 
 
 def register(sub: Any) -> None:
@@ -62,6 +64,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
+    p.add_argument(
+        "--where",
+        type=where_arg,
+        help='a filter in the where language, e.g. \'{"taken": {"$gte": "2023-07-01"}}\'',
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     index_args(p)
     model_args(p)
@@ -90,7 +97,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
                     stamp=stamp_of(plugin),
                     chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
                     progress=update,
-                    describe=describe_image,
+                    metadata=read_exif,  # taken, camera, gps, upright width/height
+                    metadata_version="files+exif-1",
                 )
             _prepare_graph(index)
     finally:
@@ -186,9 +194,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
                 vector=vector,
                 text=args.query,
                 filters=filters,
+                where=args.where,
             ).hits
         else:
-            hits = index.search(vector, args.k, filters)
+            hits = index.search(vector, args.k, filters, where=args.where)
     _print_hits(hits, as_json=args.json)
     return 0
 
@@ -244,3 +253,16 @@ def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> 
         print(f"{indent}(no results)")
     for rank, h in enumerate(hits, 1):
         print(f"{indent}{rank:2d}. {h.score:+.3f}  {h.path or h.key}")
+
+
+def where_arg(text: str) -> Where:
+    """``--where JSON``: a filter in the where language (:mod:`themis_clip.index.where`),
+    checked before any model loads (a usage error naming the path)."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    try:
+        return parse_where(value)
+    except WhereError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

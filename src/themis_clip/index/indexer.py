@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores import ItemRow, Store, StoredItem
 from themis_clip.interface import EmbeddingResult, ImageData
 from themis_clip.vocabulary import ModelIdentity
 
@@ -42,9 +42,9 @@ __all__ = [
 #: ``progress(done, total)``: called as embedding proceeds (the CLI draws a bar from it).
 Progress = Callable[[int, int], None]
 
-#: ``describe(path)``: what the caller reads from an image file for its metadata (its size, and
-#: so on): the index never opens images itself (it imports no image code).
-Describe = Callable[[Path], Mapping[str, Any]]
+#: ``metadata(path)``: what the caller reads from an image file for its metadata (the CLI passes
+#: the EXIF reader); {} for none. The index never opens images itself (it imports no image code).
+MetadataReader = Callable[[Path], Mapping[str, Any]]
 
 
 class ImageEmbedder(Protocol):
@@ -82,11 +82,11 @@ def _valid_text(name: str) -> str:
 
 
 def file_metadata(
-    path: Path, st: os.stat_result, root: Path, describe: Describe | None = None
+    path: Path, st: os.stat_result, root: Path, read: MetadataReader | None = None
 ) -> dict[str, Any]:
     """What ``--filter`` and the page's facets can use for a file: its folder (relative to the
     indexed folder, ``.`` at the top), name, size in bytes, modification time (ISO 8601, UTC)
-    and what ``describe`` reads from the image (the CLI's: width and height in pixels)."""
+    and what ``read`` gives for the image (the CLI's: EXIF, width and height after orientation)."""
     try:
         where = path.parent.relative_to(root).as_posix()
     except ValueError:  # not under the root (a link walked out of it): the folder's name
@@ -97,8 +97,8 @@ def file_metadata(
         "size": st.st_size,
         "mtime": datetime.fromtimestamp(st.st_mtime, UTC).isoformat(timespec="seconds"),
     }
-    if describe is not None:
-        meta.update(describe(path))
+    if read is not None:
+        meta.update(read(path))
     return meta
 
 
@@ -108,7 +108,7 @@ def _row(
     digest: str | None,
     vector: npt.NDArray[np.float32],
     root: Path,
-    describe: Describe | None,
+    read: MetadataReader | None,
 ) -> ItemRow:
     """A file's row: keyed by its path, with what the next run needs to skip it unchanged."""
     return ItemRow(
@@ -118,8 +118,32 @@ def _row(
         mtime_ns=st.st_mtime_ns,
         sha256=digest,
         vector=vector,
-        metadata=file_metadata(path, st, root, describe),
+        metadata=file_metadata(path, st, root, read),
     )
+
+
+def _refresh_metadata(
+    store: Store, folder: Path, items: list[StoredItem], read: MetadataReader, version: str
+) -> None:
+    """Metadata for items indexed before this reader (or its ``version``) existed: the file
+    facts and the reader's, read again and merged in, vectors untouched (no re-embedding),
+    once per folder and version."""
+    tag = f"metadata_version:{folder}"
+    if store.meta().get(tag) == version:
+        return
+    for start in range(0, len(items), 512):
+        updates = {}
+        for item in items[start : start + 512]:
+            path = Path(item.path or item.key)
+            try:
+                fresh = file_metadata(path, path.stat(), folder, read)
+            except OSError:  # gone since the walk: the next run removes it
+                continue
+            merged = {**(item.metadata or {}), **fresh}
+            if merged != (item.metadata or {}):
+                updates[item.key] = merged
+        store.set_metadata(updates)
+    store.set_meta({tag: version})
 
 
 def index_folder(
@@ -130,14 +154,16 @@ def index_folder(
     stamp: ModelIdentity,
     chunk: int = 128,
     progress: Progress | bool | None = None,
-    describe: Describe | None = None,
+    metadata: MetadataReader | None = None,
+    metadata_version: str = "1",
 ) -> IndexReport:
     """Bring ``index`` up to date with the images under ``folder``.
 
     ``progress(done, total)`` is called after every committed chunk of embeddings (library
-    code draws nothing; a bool is accepted as "no callback" for older callers). ``describe(path)``
-    adds what the caller reads from each image to its metadata (``preprocess.image.describe_image``
-    is the CLI's).
+    code draws nothing; a bool is accepted as "no callback" for older callers).
+    Each file's metadata is its folder, name, size and modification time plus what
+    ``metadata(path)`` reads from the image (the CLI's: EXIF and the upright size); unchanged
+    files indexed before ``metadata_version`` get theirs without being embedded again.
     """
     report_progress = progress if callable(progress) else None
     t0 = time.perf_counter()
@@ -148,6 +174,7 @@ def index_folder(
     known = store.items_under(str(folder))
     failures = store.failures_under(str(folder))
     seen: set[str] = set()
+    unchanged: list[StoredItem] = []
     todo: list[tuple[Path, os.stat_result, str | None]] = []
     for path in walk_images(folder):
         key = str(path)
@@ -160,6 +187,7 @@ def index_folder(
         item = known.get(key)
         if item is not None and item.size == st.st_size and item.mtime_ns == st.st_mtime_ns:
             report.unchanged += 1
+            unchanged.append(item)
             continue
         failed = failures.get(key)
         if failed is not None and failed[:2] == (st.st_size, st.st_mtime_ns):
@@ -180,12 +208,12 @@ def index_folder(
             vanished.discard(moved.path or "")
             vector = store.vector(str(path))
             if vector is not None:  # the moved row's metadata names its new folder and name
-                store.upsert([_row(path, st, digest, vector, folder, describe)], dim=stamp.dim)
+                store.upsert([_row(path, st, digest, vector, folder, metadata)], dim=stamp.dim)
             report.renamed += 1
         elif same and str(path) not in known:
             vector = store.vector(same[0].key)
             assert vector is not None
-            store.upsert([_row(path, st, digest, vector, folder, describe)], dim=stamp.dim)
+            store.upsert([_row(path, st, digest, vector, folder, metadata)], dim=stamp.dim)
             report.duplicates += 1
         else:
             to_embed.append((path, st, digest))
@@ -197,7 +225,7 @@ def index_folder(
         rows, failed_rows = [], []
         for (path, st, digest), r in zip(part, results, strict=True):
             if r.ok and r.embedding is not None:
-                rows.append(_row(path, st, digest, r.embedding, folder, describe))
+                rows.append(_row(path, st, digest, r.embedding, folder, metadata))
                 if str(path) in known:
                     report.updated += 1
                 else:
@@ -211,6 +239,8 @@ def index_folder(
         store.record_failures(failed_rows)
         if report_progress is not None:
             report_progress(start + len(part), len(to_embed))
+    if metadata is not None:
+        _refresh_metadata(store, folder, unchanged, metadata, metadata_version)
     report.removed = store.delete_keys(known[p].key for p in vanished)
     store.delete_failures(p for p in failures if p not in seen)
     report.seconds = time.perf_counter() - t0

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from themis_clip.errors import InputError
 from themis_clip.index.lexical import MAX_QUERY_CHARS, fuse
 from themis_clip.index.paging import Cursor, decode_cursor, encode_cursor, fingerprint, window
+from themis_clip.index.where import Where, parse_where
 
 if TYPE_CHECKING:
     from themis_clip.index.search import Hit, VectorIndex
@@ -134,6 +135,7 @@ def search_page(
     filters: Mapping[str, Any] | None = None,
     cursor: str | None = None,
     exclude: frozenset[str] = frozenset(),
+    where: Mapping[str, Any] | Where | None = None,
 ) -> Page:
     """One page of a query's results.
 
@@ -149,13 +151,18 @@ def search_page(
         filters: metadata key → value that results must have.
         cursor: the previous page's ``next`` (None: the first page).
         exclude: keys that are no answer (the items of a "more like this" query).
+        where: a filter in the where language (:mod:`.where`) that results must satisfy.
 
     Raises:
         InputError: a bad cursor, a mode without what it needs, or paging past ``MAX_K``.
     """
     from themis_clip.index.search import MAX_K
 
-    query_id = fingerprint({"mode": str(mode), "filters": filters or None, "query": identity})
+    condition = parse_where(where) if isinstance(where, Mapping) else where
+    raw_where = where if isinstance(where, Mapping) or where is None else repr(where)
+    query_id = fingerprint(
+        {"mode": str(mode), "filters": filters or None, "where": raw_where, "query": identity}
+    )
     after = decode_cursor(cursor, query=query_id) if cursor is not None else None
     offset = after.offset if after else 0
     if offset + k > MAX_K:
@@ -168,7 +175,11 @@ def search_page(
         if len(text) > MAX_QUERY_CHARS:
             raise InputError(f"text: at most {MAX_QUERY_CHARS} characters for lexical search")
     size = window(offset + k + 1 + len(exclude), most=MAX_K)
-    ranked = [h for h in _ranked(index, mode, size, vector, text, filters) if h.key not in exclude]
+    ranked = [
+        h
+        for h in _ranked(index, mode, size, vector, text, filters, condition)
+        if h.key not in exclude
+    ]
     start = _resume(ranked, after)
     hits = ranked[start : start + k]
     more = len(ranked) > start + len(hits) and bool(hits)
@@ -201,13 +212,18 @@ def _ranked(
     vector: npt.NDArray[np.float32] | None,
     text: str | None,
     filters: Mapping[str, Any] | None,
+    where: Where | None = None,
 ) -> list[Hit]:
     from themis_clip.index.search import Hit
 
+    allowed = index.store.ids_where(where) if where is not None else None
     if mode == QueryMode.BROWSE:
         if filters:
             index.check_filters(filters)
-        ids = newest_first(index.store.timeline(filters))[:size]
+        timeline = index.store.timeline(filters)
+        if allowed is not None:
+            timeline = [row for row in timeline if row[0] in allowed]
+        ids = newest_first(timeline)[:size]
         items = index.store.items_by_id(ids)
         return [
             Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)
@@ -217,13 +233,17 @@ def _ranked(
     by_vector: list[Hit] = []
     if mode != QueryMode.LEXICAL:
         assert vector is not None
-        by_vector = sorted(index.search(vector, size, filters), key=lambda h: (-h.score, h.key))
+        by_vector = sorted(
+            index.search(vector, size, filters, where=where), key=lambda h: (-h.score, h.key)
+        )
         if mode == QueryMode.VECTOR:
             return by_vector
     assert text is not None
     if filters:
         index.check_filters(filters)
     ids = index.store.lexical(text, size, filters)
+    if allowed is not None:
+        ids = [i for i in ids if i in allowed]
     items = index.store.items_by_id(ids)
     by_words = [
         Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)

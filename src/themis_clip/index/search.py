@@ -35,6 +35,7 @@ from themis_clip.index.metadata import validate_filters
 from themis_clip.index.searchers.base import Searcher
 from themis_clip.index.settings import GraphSettings, SearchKind, SearchPlan
 from themis_clip.index.stores import Store, drop_store, is_url, open_store
+from themis_clip.index.where import Where, parse_where
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "ModelStamp", "VectorIndex", "top_k"]
@@ -198,9 +199,17 @@ class VectorIndex:
     # -- search --------------------------------------------------------------------------------
 
     def search(
-        self, query: npt.NDArray[np.float32], k: int = 10, filters: Mapping[str, Any] | None = None
+        self,
+        query: npt.NDArray[np.float32],
+        k: int = 10,
+        filters: Mapping[str, Any] | None = None,
+        *,
+        where: Mapping[str, Any] | Where | None = None,
     ) -> list[Hit]:
-        """Top ``k`` items by cosine similarity to the unit vector ``query``."""
+        """Top ``k`` items by cosine similarity to the unit vector ``query``, among those whose
+        metadata has the ``filters`` (key → equal value) and satisfies ``where`` (the filter
+        language of :mod:`.where`; raises :class:`~themis_clip.errors.WhereError`)."""
+        condition = parse_where(where) if isinstance(where, Mapping) else where
         if not 1 <= int(k) <= MAX_K:
             raise SearchIndexError(f"k = {k}: expected 1 to {MAX_K}")
         stamp = self.stamp
@@ -213,7 +222,7 @@ class VectorIndex:
             )
         if not np.all(np.isfinite(query)):
             raise SearchIndexError("the query vector has NaN or infinite components")
-        ids, scores = self.searcher.search(query, k, filters, stamp.dim)
+        ids, scores = self.searcher.search(query, k, filters, stamp.dim, where=condition)
         if filters and not len(ids):  # only then can a key be unknown (no second scan before)
             self._check_filter_keys(filters)
         items = self.store.items_by_id([int(i) for i in ids])
@@ -246,7 +255,12 @@ class VectorIndex:
             )
 
     def search_like(
-        self, key: str, k: int = 10, filters: Mapping[str, Any] | None = None
+        self,
+        key: str,
+        k: int = 10,
+        filters: Mapping[str, Any] | None = None,
+        *,
+        where: Mapping[str, Any] | Where | None = None,
     ) -> list[Hit]:
         """ "More like this": the top ``k`` items by similarity to item ``key``'s stored vector
         (the item itself first). Raises KeyError when there is no such item."""
@@ -254,7 +268,7 @@ class VectorIndex:
         if vector is None:
             raise KeyError(key)
         norm = float(np.linalg.norm(vector))
-        return self.search(vector / norm if norm > 0 else vector, k, filters)
+        return self.search(vector / norm if norm > 0 else vector, k, filters, where=where)
 
     @property
     def progress(self) -> Callable[[str, int, int], object] | None:

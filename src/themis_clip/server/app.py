@@ -30,7 +30,7 @@ from themis_clip.server.auth import KeyStore
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics
 from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard, StrictFraming
-from themis_clip.server.routes import admin, classify, docs, embeddings, ops, search
+from themis_clip.server.routes import admin, classify, docs, duplicates, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState, text_batch_fn
 
@@ -119,7 +119,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         description="CLIP image and text embeddings and multi-modal search on ONNX Runtime",
     )
     app.state.themis = state
-    routers = [m.router for m in (ops, embeddings, search, classify, admin, docs)]
+    routers = [m.router for m in (ops, embeddings, search, classify, admin, docs, duplicates)]
     routers += [ops.public, search.writes]
     for router in routers:
         app.include_router(router)

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.search import Hit, VectorIndex
+from themis_clip.index.where import parse_where
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
 from themis_clip.server.schemas import QueryPart, SearchRequest
@@ -98,6 +99,8 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     idx = state.require_index()
     mode = QueryMode(body.mode)
     check_filters(body.filters)
+    if body.where is not None:
+        parse_where(body.where)  # a bad filter is a 422 naming its path, before any work
     parts = _parts(body)
     for i, part in enumerate(parts):
         if part.item is not None:
@@ -136,6 +139,7 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
             cursor=body.cursor,
             # "more like this": the items the query is made of are no answer
             exclude=frozenset(p.item for p in parts if p.item is not None and p.weight > 0),
+            where=body.where,
         )
         return page.hits, page.next, idx.mode, space
 

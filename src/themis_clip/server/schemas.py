@@ -105,6 +105,12 @@ class SearchRequest(_Strict):
     filters: dict[str, Any] | None = Field(
         default=None, description="metadata key → value that hits must have (at most 32 keys)"
     )
+    where: dict[str, Any] | None = Field(
+        default=None,
+        description='a filter in the where language: {"taken": {"$gte": "2023-07-01"}}, '
+        '{"camera.make": {"$in": ["Canon"]}}, {"gps": {"$near": {"lat", "lon", "km"}}} '
+        "(docs/photo-search.md)",
+    )
     language: str | None = _language()
 
 

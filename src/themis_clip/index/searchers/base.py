@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.index.settings import SearchKind
+from themis_clip.index.where import Where
 
 __all__ = ["Searcher"]
 
@@ -42,8 +43,11 @@ class Searcher(Protocol):
         k: int,
         filters: Mapping[str, Any] | None,
         dim: int,
+        *,
+        where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """The top ``k`` ``(store ids, cosine scores)`` of the items matching ``filters``."""
+        """The top ``k`` ``(store ids, cosine scores)`` of the items matching ``filters``
+        and ``where``."""
         ...
 
     def prepare(self, dim: int) -> bool:

@@ -42,6 +42,7 @@ from themis_clip.index.rwlock import ReadWriteLock
 from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
 from themis_clip.index.stores.base import GraphFileStore
 from themis_clip.index.tuning import tune
+from themis_clip.index.where import Where
 
 __all__ = ["CATCH_UP_SHARE", "SELECTIVE_FILTER", "LocalSearcher"]
 
@@ -145,13 +146,25 @@ class LocalSearcher:
         k: int,
         filters: Mapping[str, Any] | None,
         dim: int,
+        *,
+        where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         allowed = self.store.ids_matching(filters) if filters else None
+        if where is not None:
+            matching = self.store.ids_where(where)
+            allowed = matching if allowed is None else allowed & matching
         if not self._is_current():
             with self._lock.write():
                 self._refresh(dim)
         with self._lock.read():  # a write since is caught up by the next search
             return self._search(query, k, allowed, dim)
+
+    def current_graph(self, dim: int) -> HNSWIndex | None:
+        """The graph searches use now, caught up with the store (None: searched exactly);
+        for batch use cases such as near-duplicates (read only: never modify it)."""
+        with self._lock.write():
+            self._refresh(dim, build=False)
+            return self._ann
 
     def _is_current(self) -> bool:
         """Nothing to bring up to date: no write since, no finished build to collect."""

@@ -35,6 +35,7 @@ import numpy.typing as npt
 from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
 from themis_clip.index.stores.pgschema import filter_sql
 from themis_clip.index.stores.postgres import PgStore
+from themis_clip.index.where import Where, compile_postgres
 
 __all__ = ["EF_SWEEP", "PgSearcher", "measure_ef_search"]
 
@@ -92,8 +93,10 @@ class PgSearcher:
         k: int,
         filters: Mapping[str, Any] | None,
         dim: int,
+        *,
+        where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        return self.nearest(query, k, filters)
+        return self.nearest(query, k, filters, where=where)
 
     def _hnsw_index(self, db: Any) -> bool:
         row = db.execute(f"SELECT to_regclass('{_HNSW}')").fetchone()
@@ -107,6 +110,7 @@ class PgSearcher:
         *,
         expansion_search: int | None = None,
         exact: bool = False,
+        where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """Top ``k`` ``(ids, cosine scores)``: pgvector's HNSW index without filters; with
         filters an exact scan of the matching rows (an HNSW scan filters after the fact and
@@ -115,12 +119,12 @@ class PgSearcher:
         ef = expansion_search or (plan.expansion_search if plan else None) or 40
         q = np.ascontiguousarray(query, dtype=np.float32)
         with self.store.connection() as db, db.transaction():
-            if filters:
-                where, params = filter_sql(filters)
+            if filters or where is not None:
+                clause, params = _clauses(filters, where)
                 db.execute("SET LOCAL enable_indexscan = off")
                 sql = (
                     "SELECT id, 1 - (embedding <=> %s) FROM themis_items "  # noqa: S608
-                    f"WHERE {where} ORDER BY embedding <=> %s LIMIT %s"
+                    f"WHERE {clause} ORDER BY embedding <=> %s LIMIT %s"
                 )
                 rows = db.execute(sql, [q, *params, q, k]).fetchall()
             else:
@@ -305,3 +309,17 @@ def measure_ef_search(searcher: PgSearcher, settings: GraphSettings, count: int)
         tuning_s=time.perf_counter() - started,
         steps=[{"connectivity": 16, "expansion_add": 64, "sweep": sweep}],
     )
+
+
+def _clauses(filters: Mapping[str, Any] | None, where: Where | None) -> tuple[str, list[Any]]:
+    """The equality ``filters`` and the ``where`` filter as one WHERE clause (bound values)."""
+    parts, params = [], []
+    if filters:
+        clause, values = filter_sql(filters)
+        parts.append(clause)
+        params += values
+    if where is not None:
+        clause, values = compile_postgres(where)
+        parts.append(clause)
+        params += values
+    return " AND ".join(parts), params

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, validate_filters
+from themis_clip.index.where import pg_instant, pg_number
 
 __all__ = [
     "FACET_KEYS_SQL",
@@ -103,6 +104,37 @@ LEXICAL_SQL = (
 TIMELINE_SQL = (
     "SELECT id, doc -> 'taken', doc -> 'mtime', mtime_ns FROM themis_items WHERE TRUE{filters}"
 )
+# v2 (photo): ``where`` filters on dates and places by expression index. ``themis_instant``
+# reads an ISO 8601 date or date-time as epoch seconds (no offset: UTC; not a date: NULL). It
+# is immutable in fact (an explicit offset or UTC, never the session's time zone), so it may
+# be indexed; the index expressions are the very ones :func:`..where.compile_postgres` writes.
+_TAKEN = "(doc -> 'taken')"
+_WHERE_INDEXES = [
+    r"""CREATE OR REPLACE FUNCTION themis_instant(t text) RETURNS numeric
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $f$
+    BEGIN
+      IF t IS NULL OR t !~ ('^\d{4}-\d{2}-\d{2}'
+                            || '([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:\d{2})?)?$') THEN
+        RETURN NULL;
+      END IF;
+      IF t ~ '[T ]' AND t ~ '(Z|[+-]\d{2}:\d{2})$' THEN
+        RETURN extract(epoch FROM t::timestamptz);
+      END IF;
+      RETURN extract(epoch FROM (t::timestamp AT TIME ZONE 'UTC'));
+    EXCEPTION WHEN others THEN
+      RETURN NULL;
+    END
+    $f$""",
+    "CREATE INDEX IF NOT EXISTS themis_items_taken ON themis_items (("
+    + pg_instant(_TAKEN, _TAKEN)
+    + "))",
+    "CREATE INDEX IF NOT EXISTS themis_items_gps ON themis_items (("
+    + pg_number("(doc -> 'gps' -> 'lat')", "(doc -> 'gps' -> 'lat')")
+    + "), ("
+    + pg_number("(doc -> 'gps' -> 'lon')", "(doc -> 'gps' -> 'lon')")
+    + "))",
+    "CREATE INDEX IF NOT EXISTS themis_items_camera ON themis_items ((doc -> 'camera' -> 'make'))",
+]
 
 MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -130,7 +162,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE themis_removed (id bigint PRIMARY KEY, at bigint NOT NULL)",
         "CREATE INDEX themis_removed_at ON themis_removed (at)",
     ],
-    2: _FTS_DDL,
+    # v2: lexical search (tsvector) and expression indexes for where-filters on dates and places.
+    2: [*_FTS_DDL, *_WHERE_INDEXES],
 }
 
 

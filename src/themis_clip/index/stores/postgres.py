@@ -47,6 +47,7 @@ from themis_clip.index.stores.pgschema import (
     redact,
     schema_version,
 )
+from themis_clip.index.stores.pgwhere import PgWhereMixin
 from themis_clip.index.stores.pgwords import PgQueries
 from themis_clip.index.stores.pool import Pool
 from themis_clip.index.stores.rows import (
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 8
 
 
-class PgStore(PgQueries):
+class PgStore(PgQueries, PgWhereMixin):
     """An index in a PostgreSQL database with the pgvector extension.
 
     Args:

@@ -15,6 +15,8 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
     removed(id PRIMARY KEY, at INTEGER) (v4)        ids deleted, and at which write_version
     fields(id, key, kind, value) (v5)               each item's top-level metadata values, as
                                                     :func:`.metadata.comparable` makes them
+    items_taken, items_gps (v6)                     expression indexes for ``where`` filters
+                                                    on ``taken`` and ``gps`` (:mod:`..where`)
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
 version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
@@ -34,6 +36,7 @@ except inside this thread's own transaction, which reads what it is writing.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -64,13 +67,14 @@ from themis_clip.index.stores.sqlschema import (
     SCHEMA_VERSION,
     fields_of,
 )
+from themis_clip.index.stores.sqlwhere import SQLiteWhereMixin
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
 
-class IndexStore:
+class IndexStore(SQLiteWhereMixin):
     """An SQLite file holding items and vectors.
 
     Args:
@@ -150,7 +154,20 @@ class IndexStore:
         if version == SCHEMA_VERSION:
             return
         if self.readonly:
-            raise SearchIndexError(f"index {self.path} needs a migration; open it writable once")
+            # Read-only means "this caller writes no items"; a schema step is the store's own
+            # business, so a file this process may write is migrated (a writable open does it).
+            if not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK)):
+                raise SearchIndexError(
+                    f"index {self.path} needs a migration; open it writable once"
+                )
+            log.info(
+                "index %s: schema %d -> %d before a read-only open",
+                self.path,
+                version,
+                SCHEMA_VERSION,
+            )
+            IndexStore(self.path).close()
+            return
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self.transaction() as db:
                 for step in MIGRATIONS[target]:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from themis_clip.index.metadata import comparable, decode_stored, repair
+from themis_clip.index.where import sqlite_instant, sqlite_number, sqlite_text
 
 __all__ = [
     "ADD_FIELDS",
@@ -103,6 +104,23 @@ _FTS_DDL: list[str | Callable[[sqlite3.Connection], None]] = [
 LEXICAL_SQL = (
     "SELECT rowid FROM lexical WHERE lexical MATCH ?{filters} ORDER BY bm25(lexical), rowid LIMIT ?"
 )
+# v6 (photo): expression indexes for the ``where`` language's indexed paths (the very
+# expressions :func:`..where.compile_sqlite` writes for them), so a date range or a geo box
+# over 100k items reads an index range instead of every row's JSON (and so does a camera make).
+_TAKEN = "'$.taken'"
+_WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
+    "CREATE INDEX IF NOT EXISTS items_taken ON items("
+    + sqlite_instant(_TAKEN, _TAKEN, _TAKEN)
+    + ")",
+    "CREATE INDEX IF NOT EXISTS items_gps ON items("
+    + sqlite_number("'$.gps.lat'", "'$.gps.lat'")
+    + ", "
+    + sqlite_number("'$.gps.lon'", "'$.gps.lon'")
+    + ")",
+    "CREATE INDEX IF NOT EXISTS items_camera ON items("
+    + sqlite_text("'$.camera.make'", "'$.camera.make'")
+    + ")",
+]
 
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [
@@ -132,6 +150,7 @@ MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     4: [_track_changes],
     # v5: filters and facets by index (a table of top-level values), not by scanning JSON.
     5: [_index_fields],
-    # v6: lexical search over key, path and string metadata (FTS5).
-    6: _FTS_DDL,
+    # v6: lexical search over key, path and string metadata (FTS5), and expression indexes for
+    # where-filters on dates and places.
+    6: [*_FTS_DDL, *_WHERE_INDEXES],
 }

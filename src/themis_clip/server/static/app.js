@@ -265,7 +265,7 @@ async function loadFilters() {
     label.append(caption, select);
     box.append(label);
   }
-  $('filters-box').hidden = box.children.length === 0;
+  $('filters-box').hidden = box.children.length === 0 && $('photo-filters').hidden;
 }
 
 // Browse: no query, the library newest first (by when taken, else file time, else added).
@@ -283,6 +283,8 @@ async function run(reset) {
   if (!reset && state.next) body.cursor = state.next;
   if ($('hybrid').checked && state.query.text !== undefined) body.mode = 'hybrid';
   if (Object.keys(state.filters).length) body.filters = state.filters;
+  const where = photoWhere();
+  if (where) body.where = where;
   setStatus((state.query.mode === 'browse' ? 'Opening ' : 'Searching ') + state.label + '…', 'busy');
   $('results').setAttribute('aria-busy', 'true');
   try {
@@ -566,11 +568,105 @@ function setUp() {
   });
   loadInfo();
   loadFilters();
+  setUpPhotos();
   const initial = new URLSearchParams(location.search).get('q');
   if (initial) {
     $('q').value = initial;
     searchText(initial);
   }
+}
+
+// -- photos: date-range and camera filters (the where language), the duplicates view -------
+
+// The where filter the date and camera pickers make (null: none chosen).
+function photoWhere() {
+  const terms = [];
+  const from = $('taken-from').value;
+  const to = $('taken-to').value;
+  if (from) terms.push({taken: {$gte: from}});
+  if (to) {  // the whole last day: before the next day's start
+    const next = new Date(to + 'T00:00:00Z');
+    next.setUTCDate(next.getUTCDate() + 1);
+    terms.push({taken: {$lt: next.toISOString().slice(0, 10)}});
+  }
+  const camera = $('camera').value;
+  if (camera) terms.push({'camera.make': camera});
+  if (!terms.length) return null;
+  return terms.length === 1 ? terms[0] : {$and: terms};
+}
+
+async function loadPhotoFacets() {
+  let data;
+  try { data = await api('/index/photo-facets'); } catch (e) { return; }
+  if (data.taken) {
+    for (const id of ['taken-from', 'taken-to']) {
+      $(id).min = String(data.taken.first).slice(0, 10);
+      $(id).max = String(data.taken.last).slice(0, 10);
+    }
+  }
+  const select = $('camera');
+  for (const m of data.makes) {
+    const option = document.createElement('option');
+    option.value = m.make;
+    option.textContent = m.make + ' (' + m.count + ')';
+    select.append(option);
+  }
+  const any = Boolean(data.taken) || data.makes.length > 0;
+  $('photo-filters').hidden = !any;
+  if (any) $('filters-box').hidden = false;
+}
+
+function photoFilterChanged() {
+  const n = Object.keys(state.filters).length + (photoWhere() ? 1 : 0);
+  $('filter-count').textContent = n ? '(' + n + ' active)' : '';
+  if (state.query) run(true);
+}
+
+async function showDuplicates() {
+  const section = $('dups');
+  section.hidden = false;
+  $('dups-groups').replaceChildren();
+  $('dups-status').textContent = 'Looking for near-duplicates…';
+  let data;
+  try {
+    data = await api('/duplicates');
+  } catch (error) {
+    $('dups-status').textContent = explain(error);
+    return;
+  }
+  const list = $('dups-groups');
+  for (const group of data.groups) {
+    const item = document.createElement('li');
+    item.className = 'dup-group';
+    const score = document.createElement('span');
+    score.className = 'dup-score';
+    score.textContent = group.items.length + ' copies · similarity ≥ ' + group.score.toFixed(4);
+    item.append(score);
+    for (const member of group.items) {
+      const figure = document.createElement('figure');
+      const img = document.createElement('img');
+      img.src = member.thumbnail;
+      img.alt = nameOf({path: member.path, id: member.key});
+      img.loading = 'lazy';
+      const caption = document.createElement('figcaption');
+      caption.textContent = String(member.path || member.key);
+      figure.append(img, caption);
+      item.append(figure);
+    }
+    list.append(item);
+  }
+  const n = data.groups.length;
+  $('dups-status').textContent = n ? n + (n === 1 ? ' group' : ' groups') + ' of near-duplicates' :
+    'No near-duplicates in this index.';
+}
+
+function setUpPhotos() {
+  for (const id of ['taken-from', 'taken-to', 'camera']) {
+    $(id).addEventListener('change', photoFilterChanged);
+  }
+  $('dups-open').addEventListener('click', showDuplicates);
+  $('dups-close').addEventListener('click', () => { $('dups').hidden = true; });
+  loadPhotoFacets();
 }
 
 document.addEventListener('DOMContentLoaded', setUp);

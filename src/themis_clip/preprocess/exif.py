@@ -1,0 +1,135 @@
+"""EXIF metadata of a photo for the index: when, with what, where, and its upright size.
+
+Keys (absent when the photo does not say; never guessed):
+
+- ``taken``: ISO 8601 from ``DateTimeOriginal`` (``DateTime`` is when the file was last
+  written, not taken: not used), with ``OffsetTimeOriginal`` when present
+  (``"2023-07-14T18:03:11+02:00"``), else without an offset;
+- ``camera``: ``{"make", "model"}`` (either may be absent);
+- ``gps``: ``{"lat", "lon"}`` in signed decimal degrees (south and west negative), with
+  ``alt`` in metres (below sea level negative) when present;
+- ``width``, ``height``: the pixel size after the EXIF orientation is applied (5-8 swap).
+
+Pillow reads only the header (no pixels are decoded). A file whose EXIF is corrupt gives what
+could be read, and never an error: metadata is a bonus, not a reason to skip a photo.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["read_exif"]
+
+log = logging.getLogger(__name__)
+
+_DATETIME_ORIGINAL = 0x9003
+_OFFSET_TIME_ORIGINAL = 0x9011
+_MAKE, _MODEL, _ORIENTATION = 0x010F, 0x0110, 0x0112
+_EXIF_IFD, _GPS_IFD = 0x8769, 0x8825
+_STAMP = re.compile(r"(\d{4}):(\d{2}):(\d{2})[ T](\d{2}):(\d{2}):(\d{2})")
+_OFFSET = re.compile(r"[+-]\d{2}:\d{2}")
+
+
+def read_exif(source: str | Path | bytes) -> dict[str, Any]:
+    """The metadata keys above for an image file (or its bytes); ``{}`` when it has none or
+    cannot be read."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+    except OSError:
+        return {}
+    try:
+        with fp, Image.open(fp) as img:
+            out: dict[str, Any] = {}
+            width, height = img.size
+            try:
+                exif = img.getexif()
+            except Exception as exc:  # a corrupt EXIF block is Pillow's many errors
+                log.debug("unreadable EXIF: %s", exc)
+                exif = None
+            if exif is not None:
+                _read(exif, out)
+                if exif.get(_ORIENTATION) in (5, 6, 7, 8):
+                    width, height = height, width
+            out["width"], out["height"] = int(width), int(height)
+            return out
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        log.debug("no EXIF read: %s", exc)
+        return {}
+
+
+def _read(exif: Any, out: dict[str, Any]) -> None:
+    for name, reader in (("taken", _taken), ("camera", _camera), ("gps", _gps)):
+        try:
+            value = reader(exif)
+        except Exception as exc:  # one bad tag spoils only its own key
+            log.debug("EXIF %s unreadable: %s", name, exc)
+            value = None
+        if value:
+            out[name] = value
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    value = value.replace("\x00", "").strip()
+    return value.encode("utf-8", "replace").decode("utf-8") or None
+
+
+def _taken(exif: Any) -> str | None:
+    ifd = exif.get_ifd(_EXIF_IFD)
+    stamp = _text(ifd.get(_DATETIME_ORIGINAL))
+    match = _STAMP.fullmatch(stamp or "")
+    if match is None:
+        return None
+    y, mo, d, h, mi, s = match.groups()
+    if not ("01" <= mo <= "12" and "01" <= d <= "31" and h <= "23" and mi <= "59" and s <= "60"):
+        return None
+    taken = f"{y}-{mo}-{d}T{h}:{mi}:{s}"
+    offset = _text(ifd.get(_OFFSET_TIME_ORIGINAL))
+    return taken + offset if offset and _OFFSET.fullmatch(offset) else taken
+
+
+def _camera(exif: Any) -> dict[str, str] | None:
+    camera = {
+        k: v for k, v in (("make", _text(exif.get(_MAKE))), ("model", _text(exif.get(_MODEL)))) if v
+    }
+    return camera or None
+
+
+def _gps(exif: Any) -> dict[str, float] | None:
+    gps = exif.get_ifd(_GPS_IFD)
+    if not gps:
+        return None
+    lat = _degrees(gps.get(2), _text(gps.get(1)), "NS")
+    lon = _degrees(gps.get(4), _text(gps.get(3)), "EW")
+    if lat is None or lon is None or not (-90 <= lat <= 90 and -180 <= lon <= 180):
+        return None
+    out = {"lat": lat, "lon": lon}
+    alt = gps.get(6)
+    if alt is not None:
+        metres = float(alt)
+        if math.isfinite(metres):
+            below = gps.get(5)
+            below = below[0] if isinstance(below, bytes) and below else below
+            out["alt"] = round(-metres if below == 1 else metres, 3)
+    return out
+
+
+def _degrees(dms: Any, ref: str | None, refs: str) -> float | None:
+    if dms is None or ref is None or ref[:1].upper() not in refs:
+        return None
+    d, m, s = (float(x) for x in dms)
+    value = d + m / 60 + s / 3600
+    if not math.isfinite(value):
+        return None
+    return round(-value if ref[:1].upper() == refs[1] else value, 7)

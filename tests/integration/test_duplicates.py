@@ -1,0 +1,135 @@
+"""Near-duplicates on both stores: planted re-encoded and resized copies are found exactly,
+from the library, the CLI and HTTP.
+
+The embedder here is a stand-in for a real model that keeps what duplicate detection relies
+on: a re-encoded or resized copy embeds next to its original (a mean-free 8x8 colour
+thumbnail, unit length), distinct photos do not."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.pg import BUILDS, PgServers
+from themis_clip.cli import main
+from themis_clip.index.duplicates import find_duplicates
+from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.stores import ItemRow
+
+DIM = 192
+STAMP = ModelStamp(model_id="thumb@1", sha256="cd" * 32, dim=DIM)
+
+
+def embed(data: bytes) -> np.ndarray:
+    img = Image.open(io.BytesIO(data)).convert("RGB").resize((8, 8), Image.BOX)
+    v = np.asarray(img, dtype=np.float32).reshape(-1)
+    v -= v.mean()
+    return v / np.linalg.norm(v)
+
+
+def photo(seed: int) -> np.ndarray:
+    """A smooth random picture (96x64), each seed its own."""
+    coarse = np.random.default_rng(seed).integers(0, 256, (4, 6, 3), dtype=np.uint8)
+    img = Image.fromarray(coarse).resize((96, 64), Image.BICUBIC)
+    return np.asarray(img)
+
+
+def jpeg(pixels: np.ndarray, quality: int = 90, scale: float = 1.0) -> bytes:
+    img = Image.fromarray(pixels)
+    if scale != 1.0:
+        img = img.resize((int(img.width * scale), int(img.height * scale)), Image.LANCZOS)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def planted() -> tuple[list[ItemRow], list[set[str]]]:
+    """40 distinct photos; photos 3 and 17 get a re-encoded and a half-size copy each."""
+    rows, groups = [], []
+    for seed in range(40):
+        pixels = photo(seed)
+        rows.append(
+            ItemRow(key=f"p{seed}", path=f"/photos/p{seed}.jpg", vector=embed(jpeg(pixels)))
+        )
+        if seed in (3, 17):
+            rows.append(ItemRow(key=f"p{seed}-q40", vector=embed(jpeg(pixels, quality=40))))
+            rows.append(ItemRow(key=f"p{seed}-half", vector=embed(jpeg(pixels, scale=0.5))))
+            groups.append({f"p{seed}", f"p{seed}-q40", f"p{seed}-half"})
+    return rows, groups
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
+    ]
+)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "i.db")
+    servers: PgServers = request.getfixturevalue("pg_servers")
+    server = servers.get(request.param.split(", ", 1)[1])
+    return server.url(server.new_database())
+
+
+@pytest.mark.parametrize("exact_below", [0, 10_000], ids=["graph", "all-pairs"])
+def test_planted_copies_are_found_exactly(location: str, exact_below: int) -> None:
+    rows, want = planted()
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows, dim=DIM)
+        groups = find_duplicates(index, exact_below=exact_below)
+        assert [{item["key"] for item in g.items} for g in groups] != []
+        assert sorted(({i["key"] for i in g.items} for g in groups), key=sorted) == sorted(
+            want, key=sorted
+        )
+        for g in groups:
+            keys = [i["key"] for i in g.items]
+            vectors = np.stack([index.store.vector(k) for k in keys])
+            sims = vectors @ vectors.T
+            assert g.score == pytest.approx(float(sims.min()), abs=1e-5)  # the lowest pair
+            assert 0.99 <= g.score < 1.0
+        original = next(i for g in groups for i in g.items if i["key"] == "p3")
+        assert original["path"] == "/photos/p3.jpg"
+        # A threshold no pair reaches: no groups; one every pair reaches: everything, one group.
+        assert find_duplicates(index, threshold=1.0, exact_below=exact_below) == []
+        everything = find_duplicates(index, threshold=-1.0, exact_below=exact_below)
+        assert len(everything) == 1 and len(everything[0].items) == len(rows)
+
+
+def test_cli_and_http(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from themis_clip import PluginConfig
+    from themis_clip.server.app import create_app
+    from themis_clip.server.settings import ServerSettings
+
+    location = str(tmp_path / "i.db")
+    rows, want = planted()
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows, dim=DIM)
+    assert main(["duplicates", "--index", location, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert sorted(({i["key"] for i in g["items"]} for g in printed), key=sorted) == sorted(
+        want, key=sorted
+    )
+    assert all(set(g) == {"items", "score"} for g in printed)
+    assert main(["duplicates", "--index", location, "--threshold", "2"]) == 2
+    config = PluginConfig.from_dict({"model": {"path": str(tiny_model_dir)}})
+    app = create_app(ServerSettings(plugin_config=config, index_path=location))
+    with TestClient(app) as client:
+        got = client.get("/duplicates").json()
+        assert sorted(({i["key"] for i in g["items"]} for g in got["groups"]), key=sorted) == (
+            sorted(want, key=sorted)
+        )
+        assert got["groups"][0]["items"][0]["thumbnail"].startswith("/items/")
+        assert client.get("/duplicates?threshold=1").json()["groups"] == []
+        assert client.get("/duplicates?threshold=5").status_code == 422

@@ -1,0 +1,68 @@
+"""``where`` over HTTP (``/search``) and the CLI (``search --where``): filtered results, and
+bad filters refused naming their path."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from themis_clip import PluginConfig
+from themis_clip.cli import main
+from themis_clip.server.app import create_app
+from themis_clip.server.settings import ServerSettings
+
+
+def data_url(seed: int) -> str:
+    out = io.BytesIO()
+    Image.new("RGB", (32, 24), (seed * 40 % 256, 90, 200)).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def test_search_where_filters_and_names_bad_paths(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = PluginConfig.from_dict({"model": {"path": str(tiny_model_dir)}})
+    app = create_app(ServerSettings(plugin_config=config, index_path=str(tmp_path / "i.db")))
+    metadata = [
+        {"taken": "2023-07-14T18:03:11+02:00", "camera": {"make": "Canon"}},
+        {"taken": "2023-08-01", "camera": {"make": "NIKON"}, "gps": {"lat": -33.9, "lon": 151.2}},
+        {"camera": {"make": "Canon"}},
+    ]
+    items = [{"id": f"p{i}", "image": data_url(i), "metadata": m} for i, m in enumerate(metadata)]
+    with TestClient(app) as client:
+        assert client.post("/index/items", json={"items": items}).status_code == 200
+
+        def ids(where: object, **query: object) -> set[str]:
+            body = {"k": 10, "where": where, **(query or {"text": "a photo"})}
+            r = client.post("/search", json=body)
+            assert r.status_code == 200, r.text
+            return {hit["id"] for hit in r.json()["results"]}
+
+        assert ids({"taken": {"$gte": "2023-07-14", "$lt": "2023-07-15"}}) == {"p0"}
+        assert ids({"camera.make": "Canon"}) == {"p0", "p2"}
+        assert ids({"gps": {"$near": {"lat": -33.86, "lon": 151.21, "km": 20}}}) == {"p1"}
+        assert ids({"taken": {"$exists": False}}) == {"p2"}
+        assert ids({"camera.make": "Canon"}, item="p0") == {"p0", "p2"}  # more like this, too
+        got = client.post(
+            "/search", json={"text": "x", "where": {"$or": [{"n": 1}, {"taken": {"$gt": "soon"}}]}}
+        )
+        assert got.status_code == 422
+        assert "where.$or[1].taken.$gt" in got.json()["error"]["message"]
+        bad = client.post("/search", json={"text": "x", "where": {"n": {"$regex": "a"}}})
+        assert bad.status_code == 422 and "where.n.$regex" in bad.json()["error"]["message"]
+
+
+def test_cli_where_is_checked_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "none.db")
+    with pytest.raises(SystemExit) as caught:
+        main(["search", "x", "--index", db, "--where", '{"taken": {"$gte": "nope"}}'])
+    assert caught.value.code == 2
+    assert "where.taken.$gte" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["search", "x", "--index", db, "--where", "{not json"])
+    assert "not JSON" in capsys.readouterr().err
