@@ -38,7 +38,7 @@ from themis_clip.vocabulary import (
     OPTIMIZATION_LEVELS,
     BackendType,
     DecodeMode,
-    GraphDtype,
+    GraphDType,
     OptimizationLevel,
     ResizeMode,
     member_of,
@@ -193,14 +193,14 @@ class SearchConfig:
 
     index: str | None = None
     target_recall: float = 0.98
-    graph_dtype: GraphDtype = GraphDtype.I8
+    graph_dtype: GraphDType = GraphDType.I8
 
     def __post_init__(self) -> None:
         if not 0 < self.target_recall <= 1:
             raise ConfigError(
                 f"must be in (0, 1], got {self.target_recall!r}", key="search.target_recall"
             )
-        dtype = member_of(GraphDtype, self.graph_dtype)
+        dtype = member_of(GraphDType, self.graph_dtype)
         if dtype is None:
             raise ConfigError(
                 f"must be f16, i8 or f32, got {self.graph_dtype!r}", key="search.graph_dtype"
@@ -371,8 +371,8 @@ class PluginConfig:
         search = SearchConfig(
             index=index,
             target_recall=search_r.number("target_recall", 0.98),
-            graph_dtype=GraphDtype(
-                search_r.one_of("graph_dtype", tuple(d.value for d in GraphDtype), "i8")
+            graph_dtype=GraphDType(
+                search_r.one_of("graph_dtype", tuple(d.value for d in GraphDType), "i8")
             ),
         )
         search_r.finish()

@@ -21,7 +21,7 @@ __all__ = [
     "OPTIMIZATION_LEVELS",
     "BackendType",
     "DecodeMode",
-    "GraphDtype",
+    "GraphDType",
     "LanguagePrefix",
     "Layout",
     "LoadingMode",
@@ -65,12 +65,14 @@ class OptimizationLevel(enum.StrEnum):
 OPTIMIZATION_LEVELS = tuple(level.value for level in OptimizationLevel)
 
 
-class GraphDtype(enum.StrEnum):
-    """``search.graph_dtype``: the vector type of the search graph."""
+class GraphDType(enum.StrEnum):
+    """``search.graph_dtype``: the vector type a search graph holds (4, 2 and 1 bytes per
+    component); one list for the config, the CLI and the index (``index.settings`` re-exports
+    it)."""
 
+    F32 = "f32"
     F16 = "f16"
     I8 = "i8"
-    F32 = "f32"
 
 
 class TextCleaning(enum.StrEnum):

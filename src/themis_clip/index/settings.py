@@ -1,8 +1,8 @@
 """Search settings and plans: what the tuners are asked for and what they measured.
 
-A leaf module (the standard library and :mod:`themis_clip.errors` only): the stores, the
-searchers, the tuners, the CLI and the server all read these types, and none of them is
-imported here.
+A leaf module (the standard library and the package's leaves only: errors, jsonio,
+vocabulary): the stores, the searchers, the tuners, the CLI and the server all read these
+types, and none of them is imported here.
 """
 
 from __future__ import annotations
@@ -14,16 +14,9 @@ from typing import Any
 
 from themis_clip.errors import ConfigError
 from themis_clip.jsonio import loads
+from themis_clip.vocabulary import GraphDType
 
 __all__ = ["GraphDType", "GraphSettings", "SearchKind", "SearchPlan"]
-
-
-class GraphDType(StrEnum):
-    """Vector types a search graph can hold: 4, 2 and 1 bytes per component."""
-
-    F32 = "f32"
-    F16 = "f16"
-    I8 = "i8"
 
 
 class SearchKind(StrEnum):
