@@ -65,3 +65,19 @@ def pg_server(request: pytest.FixtureRequest, pg_servers: PgServers) -> PgServer
 def pg_url(pg_server: PgServer) -> str:
     """A fresh database with pgvector enabled, as a connection URL."""
     return pg_server.url(pg_server.new_database())
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
+    ]
+)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An index location of each store in turn, for the suites every store must pass (the store
+    contract, queries, duplicates): a SQLite file, or a new database on each PostgreSQL build."""
+    if request.param == "sqlite":
+        return str(tmp_path / "i.db")
+    servers: PgServers = request.getfixturevalue("pg_servers")
+    server = servers.get(request.param.split(", ", 1)[1])
+    return server.url(server.new_database())

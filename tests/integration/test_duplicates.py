@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.pg import BUILDS, PgServers
 from themis_clip.cli import main
 from themis_clip.index.duplicates import find_duplicates
 from themis_clip.index.search import ModelStamp, VectorIndex
@@ -61,20 +60,6 @@ def planted() -> tuple[list[ItemRow], list[set[str]]]:
             rows.append(ItemRow(key=f"p{seed}-half", vector=embed(jpeg(pixels, scale=0.5))))
             groups.append({f"p{seed}", f"p{seed}-q40", f"p{seed}-half"})
     return rows, groups
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
-    ]
-)
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "i.db")
-    servers: PgServers = request.getfixturevalue("pg_servers")
-    server = servers.get(request.param.split(", ", 1)[1])
-    return server.url(server.new_database())
 
 
 @pytest.mark.parametrize("exact_below", [0, 10_000], ids=["graph", "all-pairs"])

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from tests.fakes import STAMP, FakeEmbedder, unit, write_png
-from tests.pg import BUILDS, PgServers
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.errors import WhereError
 from themis_clip.index.indexer import index_folder
@@ -20,20 +19,6 @@ from themis_clip.index.stores import ItemRow, open_store
 from themis_clip.index.where import parse_where
 
 DIM = 16
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
-    ]
-)
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "i.db")
-    servers: PgServers = request.getfixturevalue("pg_servers")
-    server = servers.get(request.param.split(", ", 1)[1])
-    return server.url(server.new_database())
 
 
 def rows(n: int, start: int = 0, **meta: object) -> list[ItemRow]:

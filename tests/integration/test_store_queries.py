@@ -4,13 +4,11 @@ on both stores: SQLite and both PostgreSQL builds."""
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.fakes import STAMP, unit
-from tests.pg import BUILDS, PgServers
 from themis_clip import InputError, MetadataError
 from themis_clip.index.paging import PAGE_WINDOW
 from themis_clip.index.query import QueryMode, search_page
@@ -18,21 +16,6 @@ from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
 
 DIM = 16
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        *(pytest.param(f"postgresql, {build}", marks=pytest.mark.postgres) for build in BUILDS),
-    ]
-)
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """As the store contract's (``test_store_contract.py``): a file, or a new database."""
-    if request.param == "sqlite":
-        return str(tmp_path / "i.db")
-    servers: PgServers = request.getfixturevalue("pg_servers")
-    server = servers.get(request.param.split(", ", 1)[1])
-    return server.url(server.new_database())
 
 
 def photos(n: int = 40) -> list[ItemRow]:
