@@ -19,6 +19,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # a real PostgreSQL server is the slower set too (still run in CI)
+        if "postgres" in item.keywords and "slow" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--long"):
         return
     skip = pytest.mark.skip(reason="long version: run with --long")

@@ -27,6 +27,9 @@ from PIL import Image
 
 from tests.helpers import ServerProcess, encode, new_key, photo_like
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 ADMIN_TOKEN = "admin-token-for-tests"
 EXE = str(Path(sys.executable).parent / "themis-clip")
 

@@ -13,6 +13,9 @@ import pytest
 from tests.helpers import ServerProcess
 from themis_clip import OnnxClipPlugin, PluginConfig
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 TEXTS = ["a red circle", "a blue square on the left"]
 
 

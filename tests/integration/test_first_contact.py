@@ -16,6 +16,9 @@ from tests.helpers import ServerProcess, photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.resources import demo_model_path
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:

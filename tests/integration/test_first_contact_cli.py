@@ -15,6 +15,9 @@ from PIL import Image
 
 from tests.helpers import ServerProcess
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 EXE = str(Path(sys.executable).parent / "themis-clip")
 
 

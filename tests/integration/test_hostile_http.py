@@ -25,6 +25,9 @@ from PIL import Image
 from tests.helpers import ServerProcess, encode, err, hwm_mb, photo_like, reset_hwm
 from themis_clip import demo_model_path
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 TOKEN = "s3cret-token"
 
 

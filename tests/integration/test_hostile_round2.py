@@ -30,6 +30,9 @@ from tests.hostile_decode import (
 )
 from themis_clip import demo_model_path
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 TOKEN = "round2-token"
 
 

@@ -25,6 +25,9 @@ from PIL import Image
 
 from tests.helpers import ServerProcess, encode, photo_like
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 HOST = b"Host: 127.0.0.1\r\n"
 
 

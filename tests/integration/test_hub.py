@@ -34,6 +34,9 @@ from themis_clip.export.tiny import (
 )
 from themis_clip.preprocess.text import CLIPTokenizer
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 EXE = shutil.which("themis-clip") or str(Path(sys.executable).parent / "themis-clip")
 IMMICH = "immich-app/ViT-B-32__openai"
 

@@ -21,6 +21,9 @@ from tests.pg import BUILDS, PgServers
 from themis_clip import OnnxClipPlugin, PluginConfig, demo_model_path
 from themis_clip.config import ModelConfig
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 N = 24
 CAPTIONS = {13: "a lighthouse at dusk", 5: "birthday cake"}
 EXE = str(Path(sys.executable).parent / "themis-clip")

@@ -16,6 +16,9 @@ from themis_clip.cli import main
 from themis_clip.server.app import create_app
 from themis_clip.server.settings import ServerSettings
 
+# Each test starts real processes (a `themis-clip serve`, a Hub stand-in): the slower set.
+pytestmark = pytest.mark.slow
+
 
 def data_url(seed: int) -> str:
     out = io.BytesIO()
