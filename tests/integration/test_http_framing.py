@@ -14,7 +14,6 @@ import ctypes
 import json
 import os
 import socket
-import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -191,24 +190,20 @@ def _server_socket_nodelay(pid: int, server_port: int, client_port: int) -> int:
 
 
 def test_kept_alive_requests_do_not_wait_for_delayed_acks(server: ServerProcess) -> None:
-    """The accepted socket has ``TCP_NODELAY``; 20 kept-alive requests show no ~40 ms stalls.
+    """The accepted socket has ``TCP_NODELAY``, read from the server process itself.
 
     Without it every answer after the first waits for the client's delayed ACK (40 ms on
-    Linux) before its body leaves (Nagle): each request takes >= 40 ms, whatever the load. The
-    latency bound below is half that floor; ``bench/bench_keepalive.py`` gives the figure.
+    Linux) before its body leaves (Nagle). The latency is a benchmark's figure, not an assert a
+    loaded machine could tip: ``bench/bench_edge.py`` (44 ms before, 0.40 ms after).
     """
     port = port_of(server)
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.settimeout(20)
-        latencies = []
-        for _ in range(21):
-            t0 = time.perf_counter()
+        for _ in range(3):  # kept alive: the same accepted socket answers each
             s.sendall(b"GET /healthz HTTP/1.1\r\n" + HOST + b"\r\n")
             assert one_response(s).startswith(b"HTTP/1.1 200")
-            latencies.append(time.perf_counter() - t0)
         nodelay = _server_socket_nodelay(server.proc.pid, port, s.getsockname()[1])
     assert nodelay != 0
-    assert statistics.median(latencies[1:]) < 0.020, latencies
 
 
 BIG = {"texts": [f"text number {i}" for i in range(2048)]}  # a ~1.4 MB answer
