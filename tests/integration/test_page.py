@@ -38,6 +38,8 @@ def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
         browser.navigate(base + "/")
         browser.type_text("#q", "a red circle")
         browser.press_enter()
+        # The page opens on the library (browse), 12 thumbnails already: wait for the search's.
+        browser.wait_for("document.getElementById('status').textContent.startsWith('12 results')")
         count = browser.wait_for("document.querySelectorAll('img.thumb').length")
         assert count == 12
         # Every thumbnail really loaded from the server (decoded, non-empty).
