@@ -1,5 +1,8 @@
 """The ``where`` filter language: Chroma/Mongo-style operators over item metadata.
 
+One room (about 500 lines) on purpose: the parser and both dialects' compilers must agree
+term by term, so they are read side by side.
+
 A ``where`` is a JSON object. At its top level, ``{"$and": [w, ...]}``, ``{"$or": [w, ...]}``
 and ``{"$not": w}`` combine filters; every other key is a dotted path into the metadata
 (``"camera.make"``; each segment an object key) with either a value (``$eq``) or an object of

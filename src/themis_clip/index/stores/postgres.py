@@ -1,5 +1,8 @@
 """The only module that imports ``psycopg`` and ``pgvector``: an index in PostgreSQL.
 
+Just over 500 lines, on purpose: every statement this store sends through the driver is here
+(its schema, where-SQL and lexical SQL already live in driver-free modules beside it).
+
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
 metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)

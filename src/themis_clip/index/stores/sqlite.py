@@ -1,5 +1,8 @@
 """The only module that imports ``sqlite3``: items, their vectors and the index's model identity.
 
+Just over 500 lines, on purpose: it is the one home of the sqlite3 calls (schema and where-SQL
+already live beside it in ``sqlschema.py`` and ``sqlwhere.py``).
+
 Schema (``PRAGMA user_version`` is the schema version; migrations run in order, each in one
 transaction; an index written by a newer themis-clip is refused, not guessed at)::
 
