@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fakes import clustered, unit_rows
 from themis_clip import ConfigError, MetadataError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.search import ModelStamp, VectorIndex
@@ -17,19 +18,6 @@ from themis_clip.index.tuning import tune
 
 # Always measure a graph (at these sizes exact search is well under a millisecond).
 MEASURE = GraphSettings(exact_fast_ms=0.0)
-
-
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-def clustered(rng: np.random.Generator, n: int, dim: int = 64) -> np.ndarray:
-    """Clusters in an 8-d subspace plus a little noise: shaped like embeddings."""
-    centres = rng.standard_normal((200, 8)).astype(np.float32)
-    basis = np.linalg.qr(rng.standard_normal((dim, 8)))[0].astype(np.float32)
-    labels = rng.integers(0, 200, n)
-    inner = centres[labels] + 0.5 * rng.standard_normal((n, 8)).astype(np.float32)
-    return unit_rows(inner @ basis.T + 0.02 * rng.standard_normal((n, dim)).astype(np.float32))
 
 
 def brute_top(data: np.ndarray, q: np.ndarray, k: int) -> set[int]:

@@ -1,8 +1,5 @@
 """The only module that imports ``sqlite3``: items, their vectors and the index's model identity.
 
-Just over 500 lines, on purpose: it is the one home of the sqlite3 calls (schema and where-SQL
-already live beside it in ``sqlschema.py`` and ``sqlwhere.py``).
-
 Schema (``PRAGMA user_version`` is the schema version; migrations run in order, each in one
 transaction; an index written by a newer themis-clip is refused, not guessed at)::
 
@@ -51,7 +48,6 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.lexical import fts5_query
 from themis_clip.index.metadata import comparable, validate_filters
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.rows import (
@@ -65,19 +61,19 @@ from themis_clip.index.stores.rows import (
 from themis_clip.index.stores.sqlschema import (
     ADD_FIELDS,
     FILTER_TERM,
-    LEXICAL_SQL,
     MIGRATIONS,
     SCHEMA_VERSION,
     fields_of,
 )
 from themis_clip.index.stores.sqlwhere import SQLiteWhereMixin
+from themis_clip.index.stores.sqlwords import SQLiteQueries
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
 
-class IndexStore(SQLiteWhereMixin):
+class IndexStore(SQLiteQueries, SQLiteWhereMixin):
     """An SQLite file holding items and vectors.
 
     Args:
@@ -383,40 +379,6 @@ class IndexStore(SQLiteWhereMixin):
             return {r[0] for r in self._reader().execute("SELECT id FROM items").fetchall()}
         sql = " INTERSECT ".join([FILTER_TERM] * len(terms))
         return {r[0] for r in self._reader().execute(sql, [p for t in terms for p in t]).fetchall()}
-
-    def lexical(self, text: str, limit: int, filters: Mapping[str, Any] | None) -> list[int]:
-        """Ids of the items whose key, path or string metadata hold every word of ``text``,
-        best first (BM25), at most ``limit`` (:mod:`themis_clip.index.lexical`)."""
-        query = fts5_query(text)
-        if query is None:
-            return []
-        terms = [(key, *comparable(v)) for key, v in validate_filters(filters or {}).items()]
-        where = (
-            " AND rowid IN (" + " INTERSECT ".join([FILTER_TERM] * len(terms)) + ")"
-            if terms
-            else ""
-        )
-        params = [query, *(p for t in terms for p in t), int(limit)]
-        try:
-            rows = self._reader().execute(LEXICAL_SQL.format(filters=where), params).fetchall()
-        except sqlite3.OperationalError as exc:  # a query FTS5 cannot parse: none matches
-            log.debug("lexical query %r: %s", query, exc)
-            return []
-        return [int(r[0]) for r in rows]
-
-    def timeline(self, filters: Mapping[str, Any] | None) -> list[tuple[int, Any, Any, Any]]:
-        """``(id, metadata taken, metadata mtime, mtime_ns)`` of each item matching
-        ``filters`` (the browse view's order is :func:`themis_clip.index.query.newest_first`)."""
-        rows = self._reader().execute(
-            "SELECT i.id, t.value, m.value, i.mtime_ns FROM items i "
-            "LEFT JOIN fields t ON t.id = i.id AND t.key = 'taken' "
-            "LEFT JOIN fields m ON m.id = i.id AND m.key = 'mtime'"
-        )
-        out = [(int(r[0]), r[1], r[2], r[3]) for r in rows.fetchall()]
-        if filters:
-            allowed = self.ids_matching(filters)
-            out = [r for r in out if r[0] in allowed]
-        return out
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         """Which of ``keys`` some item's metadata has at its top level."""
