@@ -10,7 +10,6 @@ import pytest
 
 from tests.fakes import STAMP, unit
 from themis_clip import InputError, MetadataError
-from themis_clip.index.paging import PAGE_WINDOW
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
@@ -128,13 +127,18 @@ def test_pages_concatenated_equal_one_query(location: str, graph: bool) -> None:
                 if mode == QueryMode.HYBRID:
                     assert sum(h.metadata["w"] == "w3" for h in pages[:10]) >= 5  # type: ignore[index]
 
-        # Past one window too (exact: consistent across windows).
-        if not graph:
-            kw = {"mode": QueryMode.VECTOR, "identity": {}, "vector": q}
-            whole = search_page(index, k=PAGE_WINDOW + 50, **kw)  # type: ignore[arg-type]
-            first = search_page(index, k=PAGE_WINDOW - 10, **kw)  # type: ignore[arg-type]
-            rest = search_page(index, k=60, cursor=first.next, **kw)  # type: ignore[arg-type]
-            assert [h.key for h in first.hits + rest.hits] == [h.key for h in whole.hits]
+        # Past the first windows too: pages cut across the 100 and 200 boundaries equal one
+        # query (hybrid's fusion depends on the lists' lengths even on an exact search).
+        for mode in (QueryMode.VECTOR, QueryMode.HYBRID):
+            kw = {"mode": mode, "identity": {}, "vector": q, "text": "w3"}
+            whole = search_page(index, k=330, **kw)  # type: ignore[arg-type]
+            pages, cursor = [], None
+            for size in (90, 60, 70, 110):
+                page = search_page(index, k=size, cursor=cursor, **kw)  # type: ignore[arg-type]
+                pages += page.hits
+                cursor = page.next
+            assert [h.key for h in pages] == [h.key for h in whole.hits]
+            assert len({h.key for h in pages}) == 330 and cursor is not None
 
 
 def test_last_page_has_no_next_and_cursors_are_checked(location: str) -> None:

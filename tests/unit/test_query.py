@@ -18,7 +18,8 @@ from themis_clip.index.paging import (
     fingerprint,
     window,
 )
-from themis_clip.index.query import combine, newest_first
+from themis_clip.index.query import combine, layered, newest_first
+from themis_clip.index.search import Hit
 
 
 def test_combine_is_the_normalised_weighted_sum_of_normalised_parts() -> None:
@@ -101,3 +102,35 @@ def test_newest_first_reads_taken_then_mtime_then_file_time_then_insertion() -> 
         (7, None, "1750000000", None),
     ]
     assert newest_first(rows) == [7, 2, 4, 3, 5, 6, 1]
+
+
+def test_layered_pages_equal_one_query_however_cut() -> None:
+    """A search that finds more good items the more it is asked for (a graph's widening
+    beam): a page read off the layered ranking never depends on where earlier pages ended."""
+    rng = np.random.default_rng(3)
+    scores = rng.random(1000)
+    found_at = rng.integers(1, 900, 1000)  # the smallest search that finds item i
+    calls: list[int] = []
+
+    def run(size: int) -> tuple[list[Hit], bool]:
+        calls.append(size)
+        order = [i for i in np.argsort(-scores) if i % 7]  # every 7th: filtered out
+        pool = [i for i in order if found_at[i] <= size] + [
+            i
+            for i in order
+            if found_at[i] > size  # what a small beam ranks too low
+        ]
+        hits = [Hit(key=f"k{i}", score=float(scores[i]), path=None, metadata={}) for i in pool]
+        return hits[:size], len(pool) < size
+
+    for cuts in ([330], [90, 60, 70, 110], [100, 100, 130], [1, 299, 30]):
+        pages: list[str] = []
+        for size in cuts:
+            ranked = layered(run, len(pages) + size + 1, extra=0, most=10_000)
+            pages += [h.key for h in ranked[len(pages) : len(pages) + size]]
+        whole = [h.key for h in layered(run, 331, extra=0, most=10_000)]
+        assert pages == whole[:330] and len(set(pages)) == 330
+    calls.clear()
+    everything = layered(run, 10**6, extra=0, most=10_000)  # to the end: every item once
+    assert sorted(h.key for h in everything) == sorted(f"k{i}" for i in range(1000) if i % 7)
+    assert calls == [100, 200, 400, 800, 1600]  # windows double: ~2n candidates for rank n

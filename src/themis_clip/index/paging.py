@@ -2,13 +2,14 @@
 
 The choice: a cursor carries the query's identity (a hash of what was asked: parts, weights,
 mode, filters, model), the number of results already given (``offset``) and the last one
-given (its key). The next page re-runs the query over the same candidate window and skips
-to just after that item (at ``offset`` when the index has not changed; after the last key
-where an insert or removal moved it). The window is the results needed, rounded up to
-:data:`PAGE_WINDOW`: pages that fit in one window are slices of one and the same search, so
-they equal one query with the summed ``k`` (in order, no repeats) under a graph search too,
-whose candidate lists depend on how many are asked for; exact search is consistent across
-windows as well. Ties are broken by key, so the order is total.
+given (its key). The next page re-reads the query's canonical ranking and skips to just after
+that item (at ``offset`` when the index has not changed; after the last key where an insert or
+removal moved it). Where a search's results depend on how many are asked for (a graph's beam
+widens with it; rank fusion scores by the lists' lengths), the canonical ranking is built in
+windows that double from :data:`PAGE_WINDOW` (:func:`~themis_clip.index.query.layered`), so
+pages concatenated equal one query with the summed ``k`` (in order, no repeats) however the
+pages were cut; exact search, lexical search and browsing are one search's prefix already.
+Ties are broken by key, so the order is total.
 
 A cursor is base64url JSON with a BLAKE2b check: one edited, truncated or made up gives a
 clear :class:`~themis_clip.errors.InputError`, and one sent with another query is refused.
@@ -29,7 +30,7 @@ from themis_clip.errors import InputError
 
 __all__ = ["PAGE_WINDOW", "Cursor", "decode_cursor", "encode_cursor", "fingerprint", "window"]
 
-#: Searches run for a multiple of this many results, so pages within it are one search.
+#: The first window of a paged search; later windows double it.
 PAGE_WINDOW = 100
 _VERSION = 1
 _CHECK_BYTES = 12

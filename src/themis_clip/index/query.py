@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -24,13 +24,20 @@ import numpy.typing as npt
 
 from themis_clip.errors import InputError
 from themis_clip.index.lexical import MAX_QUERY_CHARS, fuse
-from themis_clip.index.paging import Cursor, decode_cursor, encode_cursor, fingerprint, window
+from themis_clip.index.paging import (
+    PAGE_WINDOW,
+    Cursor,
+    decode_cursor,
+    encode_cursor,
+    fingerprint,
+    window,
+)
 from themis_clip.index.where import Where, parse_where
 
 if TYPE_CHECKING:
     from themis_clip.index.search import Hit, VectorIndex
 
-__all__ = ["Page", "QueryMode", "combine", "newest_first", "search_page"]
+__all__ = ["Page", "QueryMode", "combine", "layered", "newest_first", "search_page"]
 
 
 class QueryMode(StrEnum):
@@ -174,12 +181,19 @@ def search_page(
             raise InputError(f"mode {mode}: give a text part to search the words of")
         if len(text) > MAX_QUERY_CHARS:
             raise InputError(f"text: at most {MAX_QUERY_CHARS} characters for lexical search")
-    size = window(offset + k + 1 + len(exclude), most=MAX_K)
-    ranked = [
-        h
-        for h in _ranked(index, mode, size, vector, text, filters, condition)
-        if h.key not in exclude
-    ]
+
+    def run(size: int) -> tuple[list[Hit], bool]:
+        found = _ranked(index, mode, size, vector, text, filters, condition)
+        return [h for h in found if h.key not in exclude], len(found) < size
+
+    needed = offset + k + 1  # one more than given: whether a next page exists
+    stable = mode in (QueryMode.BROWSE, QueryMode.LEXICAL) or (
+        mode == QueryMode.VECTOR and index.mode == "exact"
+    )
+    if stable:  # one search's prefix is every smaller search's result
+        ranked, _ = run(window(needed + len(exclude), most=MAX_K))
+    else:
+        ranked = layered(run, needed, extra=len(exclude), most=MAX_K)
     start = _resume(ranked, after)
     hits = ranked[start : start + k]
     more = len(ranked) > start + len(hits) and bool(hits)
@@ -189,6 +203,38 @@ def search_page(
         else None
     )
     return Page(hits=hits, next=token)
+
+
+def layered(
+    run: Callable[[int], tuple[list[Hit], bool]], needed: int, *, extra: int, most: int
+) -> list[Hit]:
+    """The canonical ranking of a search whose results depend on how many are asked for (a
+    graph's beam widens with it; reciprocal rank fusion scores by the lists' lengths).
+
+    Ranks ``[0, PAGE_WINDOW)`` are the search for ``PAGE_WINDOW`` results, ranks
+    ``[PAGE_WINDOW, 2·PAGE_WINDOW)`` the search for twice as many less those already ranked,
+    then ``[2, 4)``, ``[4, 8)``... windows: each boundary doubles. Any page is read off the
+    same sequence, so pages concatenated equal one query with the summed ``k``, in order and
+    without repeats, however the pages were cut; the cost of reaching rank ``n`` is about
+    ``2n`` candidates. ``run(size)`` returns the search's results (excluded keys removed)
+    and whether it found fewer than ``size`` (the end); ``extra`` results are asked for
+    beyond each boundary for the excluded keys.
+    """
+    out: list[Hit] = []
+    seen: set[str] = set()
+    boundary = PAGE_WINDOW
+    while len(out) < needed:
+        size = min(most, boundary + extra)
+        found, ended = run(size)
+        fresh = [h for h in found if h.key not in seen]
+        last = ended or size >= most
+        taken = fresh if last else fresh[: boundary - len(out)]
+        out += taken
+        seen.update(h.key for h in taken)
+        if last:
+            break
+        boundary *= 2
+    return out
 
 
 def _resume(ranked: Sequence[Hit], after: Cursor | None) -> int:
