@@ -1,4 +1,4 @@
-"""Filtered search and near-duplicates at 100k items (SQLite store; issue 27).
+"""Filtered search and near-duplicates at 100k items, on either store (issue 27).
 
 Items carry EXIF-like metadata (``taken`` over three years, ``camera.make`` among 5 makes,
 ``gps`` over Europe); 1% of the vectors are planted near-copies of another. Prints:
@@ -8,12 +8,17 @@ Items carry EXIF-like metadata (``taken`` over three years, ``camera.make`` amon
 - the duplicate-detection time over the whole collection, and whether every planted pair was
   found.
 
-    PYTHONPATH=src python bench/bench_photo.py [--items 100000]
+    PYTHONPATH=src:. python bench/bench_photo.py [--items 100000] [--store sqlite|postgres]
+        [--pg-build "pgvector 0.6"|"pgvector 0.8"]
+
+PostgreSQL runs on one of the tests' server builds (``tests/pg.py``), started in a temporary
+directory for the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -36,6 +41,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--items", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
+    ap.add_argument("--pg-build", default="pgvector 0.8", help="tests/pg.py build name")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     n = args.items
@@ -50,8 +57,17 @@ def main() -> None:
     ) / np.sqrt(DIM) * rng.standard_normal((len(planted), DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     start = datetime(2021, 1, 1, tzinfo=UTC)
-    with tempfile.TemporaryDirectory() as tmp:
-        location = str(Path(tmp) / "bench.db")
+    with contextlib.ExitStack() as stack:
+        if args.store == "postgres":
+            from tests.pg import running_server
+
+            server = stack.enter_context(running_server(args.pg_build))
+            location = server.url(server.new_database())
+            print(f"store: PostgreSQL ({args.pg_build})")
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            location = str(Path(tmp) / "bench.db")
+            print("store: SQLite")
         stamp = ModelStamp(model_id="bench@1", sha256="ef" * 32, dim=DIM)
         t0 = time.perf_counter()
         with VectorIndex(location) as index:

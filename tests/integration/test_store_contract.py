@@ -526,7 +526,7 @@ def test_exif_metadata_arrives_on_the_next_run_without_re_embedding(
 def test_where_on_taken_gps_and_camera_reads_an_index(
     location: str, where: dict[str, object], index_name: str
 ) -> None:
-    from themis_clip.index.where import compile_postgres, compile_sqlite
+    from themis_clip.index.wheresql import compile_postgres, compile_sqlite
 
     with _where_index(location) as index:
         store = index.store

@@ -1,8 +1,5 @@
 """The ``where`` filter language: Chroma/Mongo-style operators over item metadata.
 
-One room (about 500 lines) on purpose: the parser and both dialects' compilers must agree
-term by term, so they are read side by side.
-
 A ``where`` is a JSON object. At its top level, ``{"$and": [w, ...]}``, ``{"$or": [w, ...]}``
 and ``{"$not": w}`` combine filters; every other key is a dotted path into the metadata
 (``"camera.make"``; each segment an object key) with either a value (``$eq``) or an object of
@@ -18,10 +15,8 @@ items that lack the path; every other operator needs it. 1 and 1.0 are one numbe
 is not 1.
 
 :func:`parse_where` checks a filter against :data:`WHERE_LIMITS` into a small tree (raising
-:class:`~themis_clip.errors.WhereError` naming the path); :func:`compile_sqlite` and
-:func:`compile_postgres` turn the tree into a boolean SQL expression in which every path and
-value is a bound parameter. The only paths written into SQL text are the constant ones that
-the stores index (:data:`INDEXED_PATHS`), so those filters use the expression indexes.
+:class:`~themis_clip.errors.WhereError` naming the path); :mod:`.wheresql` compiles the tree
+into a boolean SQL expression for either store, every path and value a bound parameter.
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 from themis_clip.errors import WhereError
@@ -39,6 +33,7 @@ from themis_clip.errors import WhereError
 __all__ = [
     "EARTH_KM",
     "INDEXED_PATHS",
+    "ORDER_SQL",
     "WHERE_LIMITS",
     "And",
     "Compare",
@@ -48,8 +43,6 @@ __all__ = [
     "Or",
     "Where",
     "WhereLimits",
-    "compile_postgres",
-    "compile_sqlite",
     "parse_instant",
     "parse_where",
 ]
@@ -116,7 +109,7 @@ class Not:
 Where = Compare | Exists | Near | And | Or | Not
 
 _COMPARE = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
-_ORDER = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+ORDER_SQL = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 _DATE = re.compile(
     r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?(?:Z|[+-]\d{2}:\d{2})?)?"
 )
@@ -200,7 +193,7 @@ class _Parser:
             if op in _COMPARE:
                 kind = _COMPARE[op]
                 scalar = self.scalar(value, here)
-                if kind in _ORDER and not _orderable(scalar):
+                if kind in ORDER_SQL and not _orderable(scalar):
                     raise WhereError(here, f"expects a number or an ISO 8601 date, got {scalar!r}")
                 parts.append(Compare(path=path, op=kind, values=(scalar,)))
             elif op in ("$in", "$nin"):
@@ -276,229 +269,3 @@ def parse_where(value: Any, *, limits: WhereLimits = WHERE_LIMITS) -> Where:
             the message names the path (``where.$or[1].taken.$gte``).
     """
     return _Parser(limits).where(value, "where", 1)
-
-
-def _box(near: Near) -> tuple[float, float, list[tuple[float, float]] | None]:
-    """A latitude range and longitude ranges (None: every longitude) that hold the circle
-    (the exact bounds of a spherical cap, widened by a hair for rounding)."""
-    d = near.km / EARTH_KM
-    dlat = math.degrees(d) + 1e-9
-    lat_lo, lat_hi = near.lat - dlat, near.lat + dlat
-    if lat_lo <= -90 or lat_hi >= 90:  # a pole is inside: every longitude
-        return max(lat_lo, -90.0), min(lat_hi, 90.0), None
-    ratio = math.sin(d) / math.cos(math.radians(near.lat))
-    if ratio >= 1:
-        return lat_lo, lat_hi, None
-    dlon = math.degrees(math.asin(ratio)) + 1e-9
-    lo, hi = near.lon - dlon, near.lon + dlon
-    if lo < -180:
-        return lat_lo, lat_hi, [(lo + 360, 180.0), (-180.0, hi)]
-    if hi > 180:
-        return lat_lo, lat_hi, [(lo, 180.0), (-180.0, hi - 360)]
-    return lat_lo, lat_hi, [(lo, hi)]
-
-
-class _Compiler:
-    """Shared shape of both dialects; subclasses say how a path's value is read."""
-
-    mark = "?"
-    true, false = "1", "0"
-
-    def __init__(self) -> None:
-        self.params: list[Any] = []
-
-    def bind(self, value: Any) -> str:
-        self.params.append(value)
-        return self.mark
-
-    def sql(self, node: Where) -> str:
-        if isinstance(node, And):
-            return "(" + " AND ".join(self.sql(p) for p in node.parts) + ")"
-        if isinstance(node, Or):
-            return "(" + " OR ".join(self.sql(p) for p in node.parts) + ")"
-        if isinstance(node, Not):  # NULL (no such value) is false everywhere else: here too
-            return f"(NOT COALESCE({self.sql(node.part)}, {self.false}))"
-        if isinstance(node, Exists):
-            return self.exists(node.path) if node.present else f"(NOT {self.exists(node.path)})"
-        if isinstance(node, Near):
-            return self.near(node)
-        if node.op in ("eq", "in"):
-            return self.any_equal(node.path, node.values)
-        if node.op in ("ne", "nin"):
-            return f"(NOT COALESCE({self.any_equal(node.path, node.values)}, {self.false}))"
-        (value,) = node.values
-        if isinstance(value, str):
-            instant = parse_instant(value)
-            assert instant is not None  # the parser admits only dates here
-            lhs, op = self.instant(node.path), _ORDER[node.op]
-            return f"({lhs} {op} {self.when(instant)})"
-        return f"({self.number(node.path)} {_ORDER[node.op]} {self.bind(value)})"
-
-    def any_equal(self, path: Path, values: tuple[Scalar, ...]) -> str:
-        if not values:
-            return self.false
-        return "(" + " OR ".join(self.equal(path, v) for v in values) + ")"
-
-    least = "min"  # SQLite's two-argument min(); PostgreSQL's LEAST
-
-    def near(self, near: Near) -> str:
-        # Parameters bind in the order the text uses them: each expression is made in place.
-        lat_p, lon_p = (*near.path, "lat"), (*near.path, "lon")
-        lat_lo, lat_hi, lons = _box(near)
-        terms = [f"{self.number(lat_p)} BETWEEN {self.bind(lat_lo)} AND {self.bind(lat_hi)}"]
-        if lons is not None:
-            ranges = [
-                f"{self.number(lon_p)} BETWEEN {self.bind(lo)} AND {self.bind(hi)}"
-                for lo, hi in lons
-            ]
-            terms.append("(" + " OR ".join(ranges) + ")")
-        rlat, rlon = math.radians(near.lat), math.radians(near.lon)
-        a = f"power(sin((radians({self.number(lat_p)}) - {self.bind(rlat)}) / 2), 2)"
-        b = (
-            f"{self.bind(math.cos(rlat))} * cos(radians({self.number(lat_p)})) * "
-            f"power(sin((radians({self.number(lon_p)}) - {self.bind(rlon)}) / 2), 2)"
-        )
-        terms.append(
-            f"2 * {EARTH_KM} * asin({self.least}(1.0, sqrt({a} + {b}))) <= {self.bind(near.km)}"
-        )
-        return "(" + " AND ".join(terms) + ")"
-
-    # dialect parts
-    def exists(self, path: Path) -> str:
-        raise NotImplementedError
-
-    def equal(self, path: Path, value: Scalar) -> str:
-        raise NotImplementedError
-
-    def number(self, path: Path) -> str:
-        raise NotImplementedError
-
-    def instant(self, path: Path) -> str:
-        raise NotImplementedError
-
-    def when(self, instant: datetime) -> str:
-        raise NotImplementedError
-
-
-class _SQLite(_Compiler):
-    """Over ``items.metadata`` (JSON text) with SQLite's JSON functions."""
-
-    def json_path(self, path: Path) -> str:
-        if path in INDEXED_PATHS:  # constant text: the expression indexes match it
-            return "'$." + ".".join(path) + "'"
-        return self.bind("$" + "".join(f'."{s}"' for s in path))
-
-    # Every SQLite leaf first checks json_valid: one row of malformed JSON (written by hand or
-    # by another tool) must match nothing, not fail the query or the index's upkeep.
-    def exists(self, path: Path) -> str:
-        return f"({_VALID} AND json_type(metadata, {self.json_path(path)}) IS NOT NULL)"
-
-    def equal(self, path: Path, value: Scalar) -> str:
-        if isinstance(value, str) and (instant := parse_instant(value)) is not None:
-            return f"({self.instant(path)} = {self.when(instant)})"
-        if value is None:
-            return f"({_VALID} AND json_type(metadata, {self.json_path(path)}) = 'null')"
-        if isinstance(value, bool):
-            kind = "true" if value else "false"
-            return f"({_VALID} AND json_type(metadata, {self.json_path(path)}) = '{kind}')"
-        if isinstance(value, str):
-            text = sqlite_text(self.json_path(path), self.json_path(path))
-            return f"({text} = {self.bind(value)})"
-        return f"({self.number(path)} = {self.bind(value)})"
-
-    def number(self, path: Path) -> str:
-        return sqlite_number(self.json_path(path), self.json_path(path))
-
-    def instant(self, path: Path) -> str:
-        return sqlite_instant(self.json_path(path), self.json_path(path), self.json_path(path))
-
-    def when(self, instant: datetime) -> str:
-        return f"julianday({self.bind(instant.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3])})"
-
-
-_VALID = "json_valid(metadata)"
-
-
-def sqlite_instant(p1: str, p2: str, p3: str) -> str:
-    """The Julian day of a date string at a path (NULL: not one); also the index expression."""
-    return (
-        f"julianday(CASE WHEN {_VALID} AND json_type(metadata, {p1}) = 'text' AND "
-        f"json_extract(metadata, {p2}) GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]*' "
-        f"THEN json_extract(metadata, {p3}) END)"
-    )
-
-
-def sqlite_number(p1: str, p2: str) -> str:
-    """A number at a path (NULL: not one); also the index expression for ``gps``."""
-    return (
-        f"(CASE WHEN {_VALID} AND json_type(metadata, {p1}) IN ('integer', 'real') "
-        f"THEN json_extract(metadata, {p2}) END)"
-    )
-
-
-def sqlite_text(p1: str, p2: str) -> str:
-    """A string at a path (NULL: not one); also the index expression for ``camera.make``."""
-    return (
-        f"(CASE WHEN {_VALID} AND json_type(metadata, {p1}) = 'text' "
-        f"THEN json_extract(metadata, {p2}) END)"
-    )
-
-
-class _Postgres(_Compiler):
-    """Over ``themis_items.doc`` (jsonb) with psycopg's ``%s`` parameters."""
-
-    mark = "%s"
-    true, false = "true", "false"
-    least = "LEAST"
-
-    def value(self, path: Path) -> str:
-        if path in INDEXED_PATHS:
-            return "(doc" + "".join(f" -> '{s}'" for s in path) + ")"
-        return "(doc" + "".join(f" -> {self.bind(s)}::text" for s in path) + ")"
-
-    def exists(self, path: Path) -> str:
-        return f"({self.value(path)} IS NOT NULL)"
-
-    def equal(self, path: Path, value: Scalar) -> str:
-        if isinstance(value, str) and (instant := parse_instant(value)) is not None:
-            return f"({self.instant(path)} = {self.when(instant)})"
-        import json
-
-        text = json.dumps(value, ensure_ascii=False).replace("\\u0000", "\\ufffd")
-        return f"({self.value(path)} = {self.bind(text)}::jsonb)"
-
-    def number(self, path: Path) -> str:
-        return pg_number(self.value(path), self.value(path))
-
-    def instant(self, path: Path) -> str:
-        return pg_instant(self.value(path), self.value(path))
-
-    def when(self, instant: datetime) -> str:
-        epoch = Decimal(int(instant.timestamp())) + Decimal(instant.microsecond) / 10**6
-        return f"{self.bind(epoch)}::numeric"
-
-    def bind(self, value: Any) -> str:
-        mark = super().bind(value)
-        return f"{mark}::float8" if isinstance(value, float) else mark
-
-
-def pg_instant(v1: str, v2: str) -> str:
-    """A jsonb date string as epoch seconds (NULL: not one); also the index expression."""
-    return f"themis_instant(CASE WHEN jsonb_typeof({v1}) = 'string' THEN {v2} #>> '{{}}' END)"
-
-
-def pg_number(v1: str, v2: str) -> str:
-    """A jsonb number as float8 (NULL: not a number); also the index expression."""
-    return f"(CASE WHEN jsonb_typeof({v1}) = 'number' THEN ({v2})::float8 END)"
-
-
-def compile_sqlite(where: Where) -> tuple[str, list[Any]]:
-    """A boolean SQLite expression over ``metadata`` and its parameters (``?``)."""
-    c = _SQLite()
-    return c.sql(where), c.params
-
-
-def compile_postgres(where: Where) -> tuple[str, list[Any]]:
-    """A boolean PostgreSQL expression over ``doc`` and its parameters (``%s``)."""
-    c = _Postgres()
-    return c.sql(where), c.params

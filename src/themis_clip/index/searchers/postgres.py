@@ -35,7 +35,8 @@ import numpy.typing as npt
 from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
 from themis_clip.index.stores.pgschema import filter_sql
 from themis_clip.index.stores.postgres import PgStore
-from themis_clip.index.where import Where, compile_postgres
+from themis_clip.index.where import Where
+from themis_clip.index.wheresql import compile_postgres
 
 __all__ = ["EF_SWEEP", "PgSearcher", "measure_ef_search"]
 

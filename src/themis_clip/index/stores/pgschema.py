@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, validate_filters
-from themis_clip.index.where import pg_instant, pg_number
+from themis_clip.index.wheresql import pg_instant, pg_number
 
 __all__ = [
     "FACET_KEYS_SQL",
@@ -107,7 +107,7 @@ TIMELINE_SQL = (
 # v2 (photo): ``where`` filters on dates and places by expression index. ``themis_instant``
 # reads an ISO 8601 date or date-time as epoch seconds (no offset: UTC; not a date: NULL). It
 # is immutable in fact (an explicit offset or UTC, never the session's time zone), so it may
-# be indexed; the index expressions are the very ones :func:`..where.compile_postgres` writes.
+# be indexed; the index expressions are the very ones :func:`..wheresql.compile_postgres` writes.
 _TAKEN = "(doc -> 'taken')"
 _WHERE_INDEXES = [
     r"""CREATE OR REPLACE FUNCTION themis_instant(t text) RETURNS numeric

@@ -9,7 +9,8 @@ from typing import Any
 
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.pgschema import jsonb_text
-from themis_clip.index.where import Where, compile_postgres, pg_instant
+from themis_clip.index.where import Where
+from themis_clip.index.wheresql import compile_postgres, pg_instant
 
 __all__ = ["PgWhereMixin"]
 

@@ -1,5 +1,5 @@
-"""The PostgreSQL store's queries beyond vectors: lexical search and the browse timeline (a
-part of :class:`~.postgres.PgStore`, kept apart so that module stays small)."""
+"""The PostgreSQL store's queries beyond vectors: lexical search, the browse timeline and the
+metadata facets (a part of :class:`~.postgres.PgStore`, kept apart so that module stays small)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,20 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from themis_clip.index.stores.pgschema import LEXICAL_SQL, TIMELINE_SQL, filter_sql
+from themis_clip.index.stores.pgschema import (
+    FACET_KEYS_SQL,
+    FACET_VALUES_SQL,
+    LEXICAL_SQL,
+    TIMELINE_SQL,
+    filter_sql,
+)
 
 __all__ = ["PgQueries"]
 
 
 class PgQueries:
-    """Lexical search and the timeline over ``themis_items`` (SQL in :mod:`.pgschema`)."""
+    """Lexical search, the timeline and the metadata facets over ``themis_items`` (SQL in
+    :mod:`.pgschema`)."""
 
     _db: Callable[[], AbstractContextManager[Any]]
 
@@ -34,3 +41,24 @@ class PgQueries:
         with self._db() as db:
             query = sql.format(filters=f" AND ({where})" if where else "")
             return list(db.execute(query, [*before, *params, *after]).fetchall())
+
+    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
+        """The top-level metadata keys, most common first, with their most common scalars
+        (``max_values`` 0: the keys only, one query)."""
+        with self._db() as db:
+            keys = db.execute(FACET_KEYS_SQL, (max_keys,)).fetchall()
+            out = []
+            for key, count in keys:
+                rows = []
+                if max_values > 0:  # the items with the key (GIN), not every item's pairs
+                    rows = db.execute(FACET_VALUES_SQL, (key, key, key, max_values + 1)).fetchall()
+                values = [{"value": value, "count": int(n)} for value, n in rows]
+                out.append(
+                    {
+                        "key": key,
+                        "count": int(count),
+                        "values": values[:max_values],
+                        "more_values": len(values) > max_values,
+                    }
+                )
+        return out

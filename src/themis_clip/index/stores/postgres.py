@@ -1,8 +1,5 @@
 """The only module that imports ``psycopg`` and ``pgvector``: an index in PostgreSQL.
 
-Just over 500 lines, on purpose: every statement this store sends through the driver is here
-(its schema, where-SQL and lexical SQL already live in driver-free modules beside it).
-
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
 metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
@@ -34,8 +31,6 @@ import numpy.typing as npt
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.pgschema import (
-    FACET_KEYS_SQL,
-    FACET_VALUES_SQL,
     INTEGRITY_SQL,
     KEYS_PRESENT_SQL,
     MIGRATION_LOCK,
@@ -441,27 +436,6 @@ class PgStore(PgQueries, PgWhereMixin):
         with self._db() as db:
             rows = db.execute(KEYS_PRESENT_SQL, {"keys": list(dict.fromkeys(keys))}).fetchall()
         return {r[0] for r in rows}
-
-    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
-        """The top-level metadata keys, most common first, with their most common scalars
-        (``max_values`` 0: the keys only, one query)."""
-        with self._db() as db:
-            keys = db.execute(FACET_KEYS_SQL, (max_keys,)).fetchall()
-            out = []
-            for key, count in keys:
-                rows = []
-                if max_values > 0:  # the items with the key (GIN), not every item's pairs
-                    rows = db.execute(FACET_VALUES_SQL, (key, key, key, max_values + 1)).fetchall()
-                values = [{"value": value, "count": int(n)} for value, n in rows]
-                out.append(
-                    {
-                        "key": key,
-                        "count": int(count),
-                        "values": values[:max_values],
-                        "more_values": len(values) > max_values,
-                    }
-                )
-        return out
 
     # -- failures ------------------------------------------------------------------------------
 

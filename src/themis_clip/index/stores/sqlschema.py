@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from themis_clip.index.metadata import comparable, decode_stored, repair
-from themis_clip.index.where import sqlite_instant, sqlite_number, sqlite_text
+from themis_clip.index.wheresql import sqlite_instant, sqlite_number, sqlite_text
 
 __all__ = [
     "ADD_FIELDS",
@@ -105,7 +105,7 @@ LEXICAL_SQL = (
     "SELECT rowid FROM lexical WHERE lexical MATCH ?{filters} ORDER BY bm25(lexical), rowid LIMIT ?"
 )
 # v6 (photo): expression indexes for the ``where`` language's indexed paths (the very
-# expressions :func:`..where.compile_sqlite` writes for them), so a date range or a geo box
+# expressions :func:`..wheresql.compile_sqlite` writes for them), so a date range or a geo box
 # over 100k items reads an index range instead of every row's JSON (and so does a camera make).
 _TAKEN = "'$.taken'"
 _WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [

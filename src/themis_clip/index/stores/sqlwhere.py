@@ -10,7 +10,8 @@ from typing import Any
 
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.sqlschema import ADD_FIELDS, fields_of
-from themis_clip.index.where import Where, compile_sqlite, sqlite_instant, sqlite_text
+from themis_clip.index.where import Where
+from themis_clip.index.wheresql import compile_sqlite, sqlite_instant, sqlite_text
 
 __all__ = ["SQLiteWhereMixin"]
 
