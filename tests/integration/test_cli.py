@@ -146,4 +146,8 @@ def test_index_and_search(
     )
     assert missing.returncode == 2 and "no index at" in missing.stderr
     both = run("search", "x", "--image", "y.png", "--index", index, "--model", str(tiny_model_dir))
-    assert both.returncode == 2 and "either a text query or --image" in both.stderr
+    assert both.returncode == 2 and "y.png" in both.stderr  # TEXT and --image: both parts
+    nothing = run("search", "--index", index, "--model", str(tiny_model_dir))
+    assert nothing.returncode == 2 and "give a text query, --image FILE, or both" in nothing.stderr
+    empty = run("search", "  ", "--index", index, "--model", str(tiny_model_dir))
+    assert empty.returncode == 2 and "the text query is empty" in empty.stderr

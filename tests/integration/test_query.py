@@ -189,6 +189,15 @@ def test_hybrid_finds_file_names_and_caption_words_first(client: httpx.Client) -
     assert filtered["results"] == []
     assert "text part" in error(client, 422, item=key(1), mode="lexical")
     assert error(client, 422, text="x", mode="fuzzy")
+    # Several text parts: the first one's words are matched (as the CLI's TEXT with --add);
+    # the others shape only the vector, so "IMG_4711" still finds its file first.
+    parts = [{"text": "IMG_4711"}, {"text": "a red circle", "weight": 0.5}]
+    for mode in ("hybrid", "lexical"):
+        several = search(client, k=3, query=parts, mode=mode)
+        assert several["results"][0]["id"] == key(11), mode
+    for weight in ("1", True, None):  # a weight is a JSON number, nothing converted
+        assert "weight" in error(client, 422, query=[{"text": "x", "weight": weight}])
+    assert search(client, k=1, query=[{"text": "x", "weight": 2}])["results"]  # an int is a number
 
 
 def test_browse_opens_newest_first(client: httpx.Client) -> None:
@@ -247,6 +256,12 @@ def test_cli_arithmetic_and_hybrid(tmp_path: Path) -> None:
     q = unit(unit(red) + unit(images[3]) - unit(blue))
     expected = [f"IMG_{4700 + int(i)}.png" for i in np.argsort(-(unit_rows(images) @ q))[:5]]
     assert [Path(h["path"]).name for h in json.loads(out.stdout)] == expected
+    # TEXT --image F: both are parts of one query (the issue's `search TEXT [--image F]`).
+    both = run("search", "a red circle", "--image", str(folder / "IMG_4703.png"), "--json")
+    assert both.returncode == 0, both.stderr
+    q = unit(unit(red) + unit(images[3]))
+    expected = [f"IMG_{4700 + int(i)}.png" for i in np.argsort(-(unit_rows(images) @ q))[:10]]
+    assert [Path(h["path"]).name for h in json.loads(both.stdout)] == expected
     hybrid = run("search", "IMG_4706", "--hybrid", "-k", "3", "--json")
     assert hybrid.returncode == 0, hybrid.stderr
     assert Path(json.loads(hybrid.stdout)[0]["path"]).name == "IMG_4706.png"

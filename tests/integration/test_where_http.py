@@ -56,6 +56,24 @@ def test_search_where_filters_and_names_bad_paths(tmp_path: Path, tiny_model_dir
         assert "where.$or[1].taken.$gt" in got.json()["error"]["message"]
         bad = client.post("/search", json={"text": "x", "where": {"n": {"$regex": "a"}}})
         assert bad.status_code == 422 and "where.n.$regex" in bad.json()["error"]["message"]
+        # Hostile paths and dates are 422s naming the problem, never a 500 (found by a tryout).
+        hostile = [
+            ('{"a\\u0000b": 1}', "NUL"),  # SQLite's JSON paths cannot hold it
+            ('{"\\ud800": 1}', "not valid Unicode"),  # a lone surrogate, echoed safely
+            ('{"\\ud800.a": {"$exists": false}}', "not valid Unicode"),
+            ('{"taken": {"$gt": "0001-01-01T00:00:00+01:00"}}', "ISO 8601"),  # before year 1
+            ('{"taken": {"$gt": "9999-12-31T23:59:59-01:00"}}', "ISO 8601"),  # after 9999
+            ('{"gps": {"$near": {"lat": 1, "lon": 2, "km": 1e400}}}', "finite number"),
+        ]
+        for where, problem in hostile:
+            r = client.post(
+                "/search",
+                content=f'{{"text": "x", "where": {where}}}'.encode(),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 422 and problem in r.json()["error"]["message"], (where, r.text)
+        long = client.post("/search", json={"text": "x", "where": {"$" + "x" * 100_000: 1}})
+        assert long.status_code == 422 and len(long.text) < 1000  # the key is not echoed whole
 
 
 def test_cli_where_is_checked_before_anything_runs(
@@ -69,3 +87,15 @@ def test_cli_where_is_checked_before_anything_runs(
     with pytest.raises(SystemExit):
         main(["search", "x", "--index", db, "--where", "{not json"])
     assert "not JSON" in capsys.readouterr().err
+    for where, problem in (
+        ('{"$and": [' * 5000 + "{}" + "]}" * 5000, "nested deeper"),  # no RecursionError
+        ('{"a": 1, "a": 2}', "duplicate key"),
+        ('{"camera.ma\\u0000ke": "Canon"}', "NUL"),
+        ('{"taken": {"$gt": "0001-01-01T00:00:00+01:00"}}', "where.taken.$gt"),
+    ):
+        with pytest.raises(SystemExit) as caught:
+            main(["search", "x", "--index", db, "--where", where])
+        assert caught.value.code == 2 and problem in capsys.readouterr().err, where
+    with pytest.raises(SystemExit) as caught:
+        main(["search", "x", "--index", db, "--where", '{"a": 1}', "--where", '{"b": 2}'])
+    assert caught.value.code == 2 and "given twice" in capsys.readouterr().err

@@ -29,6 +29,9 @@ def test_combine_is_the_normalised_weighted_sum_of_normalised_parts() -> None:
     n = lambda v: v / np.linalg.norm(v)  # noqa: E731
     assert got.dtype == np.float32 and np.allclose(got, n(n(a) + 0.5 * n(b) - n(c)), atol=1e-6)
     assert np.allclose(combine([(b, 3.0)]), n(b), atol=1e-6)  # one part: itself, scale-free
+    for scale in (1e300, 1e-300):  # weights only scale the query: no overflow, no underflow
+        huge = combine([(a, 1.0 * scale), (b, 0.5 * scale), (c, -1.0 * scale)])
+        assert np.allclose(huge, got, atol=1e-6)
 
 
 @pytest.mark.parametrize(

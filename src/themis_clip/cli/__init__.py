@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("themis-clip: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `themis-clip ... | head`: the reader left; no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the exit's flush must not fail again
+        return 141  # 128 + SIGPIPE, as a shell reports it
 
 
 def _parser() -> argparse.ArgumentParser:

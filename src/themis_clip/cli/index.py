@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from themis_clip import jsonio
 from themis_clip.cli.common import (
     CLIError,
     graph_settings,
@@ -67,6 +68,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--where",
         type=where_arg,
+        action=_Once,
         help='a filter in the where language, e.g. \'{"taken": {"$gte": "2023-07-01"}}\'',
     )
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -170,8 +172,10 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise CLIError("-k must be >= 1")
-    if (args.query is None) == (args.image is None):
-        raise CLIError("give either a text query or --image FILE")
+    if args.query is None and args.image is None:
+        raise CLIError("give a text query, --image FILE, or both")
+    if args.query is not None and not args.query.strip():
+        raise CLIError("the text query is empty")
     if args.hybrid and not args.query:
         raise CLIError("--hybrid needs a text query (its words are matched)")
     filters = _parse_filters(args.filter) or None
@@ -179,7 +183,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
         plugin = start_plugin(args, lazy_textual=True)
         try:
             index.bind_model(stamp_of(plugin))  # refuses an index made by another model
-            parts = [(_query_vector(plugin, args.query, args.image), 1.0)]
+            parts = [  # TEXT and --image together: both parts of one query (rclip's --add)
+                (_query_vector(plugin, text, image), 1.0)
+                for text, image in ((args.query, None), (None, args.image))
+                if text is not None or image is not None
+            ]
             parts += [(_part_vector(plugin, t), 1.0) for t in args.add]
             parts += [(_part_vector(plugin, t), -1.0) for t in args.subtract]
         finally:
@@ -255,13 +263,30 @@ def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> 
         print(f"{indent}{rank:2d}. {h.score:+.3f}  {h.path or h.key}")
 
 
+class _Once(argparse.Action):
+    """An option that may be given once (a second ``--where`` is not silently dropped)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} given twice: combine the filters with $and")
+        setattr(namespace, self.dest, values)
+
+
 def where_arg(text: str) -> Where:
     """``--where JSON``: a filter in the where language (:mod:`themis_clip.index.where`),
     checked before any model loads (a usage error naming the path)."""
     try:
-        value = json.loads(text)
+        value = jsonio.loads(text)  # no NaN, no duplicate keys
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("nested deeper than the JSON parser allows") from None
     try:
         return parse_where(value)
     except WhereError as exc:

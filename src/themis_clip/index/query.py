@@ -70,11 +70,14 @@ def combine(parts: Sequence[tuple[npt.NDArray[np.float32], float]]) -> npt.NDArr
     """
     if not parts:
         raise InputError("query: give at least one part")
-    total: npt.NDArray[np.float64] | None = None
-    for i, (vector, weight) in enumerate(parts):
-        v = np.asarray(vector, dtype=np.float64).reshape(-1)
+    for i, (_, weight) in enumerate(parts):
         if not math.isfinite(weight) or weight == 0:
             raise InputError(f"query[{i}].weight: must be a finite, non-zero number")
+    scale = max(abs(w) for _, w in parts)  # weights only scale: 1e300 and 1e-300 are fine
+    total: npt.NDArray[np.float64] | None = None
+    for i, (vector, raw) in enumerate(parts):
+        weight = raw / scale
+        v = np.asarray(vector, dtype=np.float64).reshape(-1)
         norm = float(np.linalg.norm(v))
         if not math.isfinite(norm) or norm == 0:
             raise InputError(f"query[{i}]: its vector is zero, NaN or infinite")

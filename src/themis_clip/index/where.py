@@ -125,7 +125,17 @@ def parse_instant(text: str) -> datetime | None:
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return when.astimezone(UTC)
+    try:
+        return when.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00: before year 1 in UTC
+        return None
+
+
+def _label(key: Any) -> str:
+    """A key as it may appear in an error message: valid Unicode, at most 80 characters."""
+    text = key if isinstance(key, str) else repr(key)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 class _Parser:
@@ -146,7 +156,7 @@ class _Parser:
         parts: list[Where] = []
         for key, operand in value.items():
             self.count(at)
-            here = f"{at}.{key}"
+            here = f"{at}.{_label(key)}"
             if key in ("$and", "$or"):
                 if not isinstance(operand, list) or not operand:
                     raise WhereError(here, "expects a non-empty array of filters")
@@ -173,8 +183,8 @@ class _Parser:
         for s in segments:
             if not s or len(s) > self.limits.max_key_chars:
                 raise WhereError(at, f"path segments have 1 to {self.limits.max_key_chars} chars")
-            if '"' in s or "\\" in s:  # SQLite's JSON paths cannot quote them
-                raise WhereError(at, 'path segments cannot hold " or \\')
+            if '"' in s or "\\" in s or "\x00" in s:  # SQLite's JSON paths cannot quote them
+                raise WhereError(at, 'path segments cannot hold ", \\ or NUL')
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError:
@@ -189,7 +199,7 @@ class _Parser:
         parts: list[Where] = []
         for op, value in operand.items():
             self.count(at)
-            here = f"{at}.{op}"
+            here = f"{at}.{_label(op)}"
             if op in _COMPARE:
                 kind = _COMPARE[op]
                 scalar = self.scalar(value, here)
@@ -240,7 +250,7 @@ class _Parser:
         for name, low, high in (("lat", -90, 90), ("lon", -180, 180), ("km", 0, math.inf)):
             v = value[name]
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise WhereError(f"{at}.{name}", f"expects a number, got {_kind(v)}")
+                raise WhereError(f"{at}.{name}", f"expects a finite number, got {_kind(v)}")
             if not low <= v <= high or (name == "km" and v <= 0):
                 raise WhereError(f"{at}.{name}", f"{v} is out of range")
             nums[name] = float(v)

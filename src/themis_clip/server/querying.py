@@ -109,7 +109,9 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
         raise APIError(
             422, "ValidationError", "mode 'browse' takes no query (it lists newest first)"
         )
-    words = " ".join(p.text for p in parts if p.text is not None and p.weight > 0)
+    # The words matched are the first positive text part's (as the CLI's TEXT): the other
+    # parts shape the vector; joining them would require every part's words at once.
+    words = next((p.text for p in parts if p.text is not None and p.weight > 0), "")
     modelled = any(p.text is not None or p.image is not None for p in parts)
     needs_vector = mode in (QueryMode.VECTOR, QueryMode.HYBRID)
     embedded: dict[int, npt.NDArray[np.float32]] = {}

@@ -74,7 +74,9 @@ class QueryPart(_Strict):
     image: str | None = Field(default=None, description="base64 image bytes or a data URL")
     item: str | None = Field(default=None, min_length=1, max_length=1024)
     vector: list[StrictFloat] | None = Field(default=None, max_length=65536)
-    weight: float = Field(default=1.0, allow_inf_nan=False, description="-1: subtract")
+    weight: float = Field(
+        default=1.0, allow_inf_nan=False, strict=True, description="a number; -1: subtract"
+    )
 
 
 class SearchRequest(_Strict):
