@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -87,3 +89,45 @@ def test_corrupt_exif_never_raises(tmp_path: Path) -> None:
     got = read_exif(bytes(data))
     assert isinstance(got, dict)
     assert read_exif(b"not an image") == {} and read_exif(tmp_path / "missing.jpg") == {}
+
+
+def test_hostile_tags_are_cut_or_dropped_never_stored_as_given() -> None:
+    """What a tryout found: a 60,000-character Make made the item's metadata too large and
+    aborted the whole index run; a NUL joined junk to the make; impossible dates and offsets
+    were stored as text that filters and the timeline then read differently."""
+
+    def with_tags(stamp: str, offset: str | None, make: str) -> dict[str, object]:
+        exif = Image.Exif()
+        exif[0x010F] = make
+        sub = exif.get_ifd(0x8769)
+        sub[0x9003] = stamp
+        if offset:
+            sub[0x9011] = offset
+        return read_exif(photo(exif))
+
+    got = with_tags("2023:07:01 12:00:00", "+02:00", "M" * 60_000)
+    assert "camera" not in got and got["taken"] == "2023-07-01T12:00:00+02:00"
+    assert with_tags("2023:07:01 12:00:00", None, "Canon\x00junk")["camera"] == {"make": "Canon"}
+    assert "taken" not in with_tags("2023:02:30 10:00:00", None, "x")  # no such day
+    assert with_tags("2023:07:01 12:00:00", "+99:99", "x")["taken"] == "2023-07-01T12:00:00"
+    # The instant must exist in UTC: otherwise the local time alone is kept.
+    assert with_tags("9999:12:31 23:59:59", "-12:00", "x")["taken"] == "9999-12-31T23:59:59"
+
+
+def test_corrupt_exif_warns_nobody(tmp_path: Path) -> None:
+    """Pillow's warnings on a corrupt block stay off stderr (a fresh interpreter: pytest's
+    own warning capture would hide the filter)."""
+    data = bytearray(photo(full_exif()))
+    start = data.find(b"Exif\x00\x00")
+    for i in range(start + 14, start + 200):
+        data[i] = (data[i] * 7 + 13) % 256
+    (tmp_path / "bad.jpg").write_bytes(bytes(data))
+    code = "import sys; from themis_clip.preprocess.exif import read_exif; read_exif(sys.argv[1])"
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code, str(tmp_path / "bad.jpg")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stderr == ""

@@ -11,14 +11,20 @@ Keys (absent when the photo does not say; never guessed):
 - ``width``, ``height``: the pixel size after the EXIF orientation is applied (5-8 swap).
 
 Pillow reads only the header (no pixels are decoded). A file whose EXIF is corrupt gives what
-could be read, and never an error: metadata is a bonus, not a reason to skip a photo.
+could be read, and never an error (nor Pillow's warning on stderr): metadata is a bonus, not a
+reason to skip a photo. Text tags end at their first NUL (EXIF's ASCII type is NUL-terminated)
+and are dropped beyond :data:`MAX_TEXT` characters; a date that is not a real calendar date is
+dropped, an offset that is not a real one (``+99:99``) leaves the time without an offset.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
+import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,9 @@ _OFFSET_TIME_ORIGINAL = 0x9011
 _MAKE, _MODEL, _ORIENTATION = 0x010F, 0x0110, 0x0112
 _EXIF_IFD, _GPS_IFD = 0x8769, 0x8825
 _STAMP = re.compile(r"(\d{4}):(\d{2}):(\d{2})[ T](\d{2}):(\d{2}):(\d{2})")
-_OFFSET = re.compile(r"[+-]\d{2}:\d{2}")
+_OFFSET = re.compile(r"[+-](\d{2}):(\d{2})")
+#: The longest text tag kept (a camera's make or model); longer ones are not a real camera's.
+MAX_TEXT = 200
 
 
 def read_exif(source: str | Path | bytes) -> dict[str, Any]:
@@ -46,23 +54,38 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
     except OSError:
         return {}
     try:
-        with fp, Image.open(fp) as img:
-            out: dict[str, Any] = {}
-            width, height = img.size
-            try:
-                exif = img.getexif()
-            except Exception as exc:  # a corrupt EXIF block is Pillow's many errors
-                log.debug("unreadable EXIF: %s", exc)
-                exif = None
-            if exif is not None:
-                _read(exif, out)
-                if exif.get(_ORIENTATION) in (5, 6, 7, 8):
-                    width, height = height, width
-            out["width"], out["height"] = int(width), int(height)
-            return out
+        with fp:
+            _quiet_pillow()
+            return _open_and_read(Image, fp)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         log.debug("no EXIF read: %s", exc)
         return {}
+
+
+@functools.cache
+def _quiet_pillow() -> None:
+    """Pillow's warnings on a corrupt EXIF block ("Corrupt EXIF data", "Tag data larger than
+    file") reach stderr at every such photo; the dropped keys say it already. Filters for
+    those messages only, added at the first read (``catch_warnings`` is not thread-safe)."""
+    for message in ("Corrupt EXIF data", "Tag data larger than file", "Possibly corrupt EXIF"):
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+
+
+def _open_and_read(image: Any, fp: Any) -> dict[str, Any]:
+    with image.open(fp) as img:
+        out: dict[str, Any] = {}
+        width, height = img.size
+        try:
+            exif = img.getexif()
+        except Exception as exc:  # a corrupt EXIF block is Pillow's many errors
+            log.debug("unreadable EXIF: %s", exc)
+            exif = None
+        if exif is not None:
+            _read(exif, out)
+            if exif.get(_ORIENTATION) in (5, 6, 7, 8):
+                width, height = height, width
+        out["width"], out["height"] = int(width), int(height)
+        return out
 
 
 def _read(exif: Any, out: dict[str, Any]) -> None:
@@ -81,7 +104,9 @@ def _text(value: Any) -> str | None:
         value = value.decode("utf-8", "replace")
     if not isinstance(value, str):
         return None
-    value = value.replace("\x00", "").strip()
+    value = value.split("\x00", 1)[0].strip()  # "Canon\0junk" is "Canon"
+    if len(value) > MAX_TEXT:
+        return None
     return value.encode("utf-8", "replace").decode("utf-8") or None
 
 
@@ -95,8 +120,19 @@ def _taken(exif: Any) -> str | None:
     if not ("01" <= mo <= "12" and "01" <= d <= "31" and h <= "23" and mi <= "59" and s <= "60"):
         return None
     taken = f"{y}-{mo}-{d}T{h}:{mi}:{s}"
+    try:
+        datetime.fromisoformat(taken)  # 2023-02-30 is no date
+    except ValueError:
+        return None
     offset = _text(ifd.get(_OFFSET_TIME_ORIGINAL))
-    return taken + offset if offset and _OFFSET.fullmatch(offset) else taken
+    shape = _OFFSET.fullmatch(offset or "")
+    if offset is None or shape is None or int(shape[1]) > 14 or int(shape[2]) > 59:
+        return taken  # no offset, or not a real one (+99:99): the local time alone
+    try:  # the instant must exist: 9999-12-31T23:59:59-12:00 is after year 9999 in UTC
+        datetime.fromisoformat(taken + offset).astimezone(UTC)
+    except (ValueError, OverflowError):
+        return taken
+    return taken + offset
 
 
 def _camera(exif: Any) -> dict[str, str] | None:
