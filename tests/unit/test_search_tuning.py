@@ -325,3 +325,15 @@ def test_the_tuner_takes_the_i8_stretch_from_the_whole_collection() -> None:
     # One in 2,000 is too few to set the scale; in that first segment alone they would.
     assert graph.i8_stretch == choose_i8_stretch(data) > 1.0
     assert all(step.get("i8_stretch") == graph.i8_stretch for step in plan.steps)
+
+
+def test_an_empty_index_is_tuned_to_exact_search_and_searched(tmp_path: Path) -> None:
+    """An empty folder's index (a tryout's traceback: the tuner measured zero vectors)."""
+    plan, graph = tune(
+        np.zeros(0, np.int64), np.zeros((0, 16), np.float32), GraphSettings(), force_graph=True
+    )
+    assert plan.kind == "exact" and graph is None and plan.items == 0
+    with VectorIndex(str(tmp_path / "e.db")) as index:
+        index.bind_model(ModelStamp(model_id="m@1", sha256="ab" * 32, dim=16))
+        index.prepare_graph()
+        assert index.search(unit_rows(np.ones((1, 16), np.float32))[0], 5) == []

@@ -124,6 +124,15 @@ def tune(
     """
     started = time.perf_counter()
     n = len(ids)
+    if n == 0:  # an empty index (an empty folder): nothing to measure or to build
+        return SearchPlan(
+            kind=SearchKind.EXACT,
+            reason="no items: exact search",
+            tuning_s=0.0,
+            items=0,
+            exact_p50_ms=0.0,
+            target_recall=settings.target_recall,
+        ), None
     rng = np.random.default_rng(0)
     # Held out: at most a fifth of the collection, so the graph measured is nearly the real one.
     size = min(settings.sample, n // 5)
