@@ -87,6 +87,22 @@ def test_planted_copies_are_found_exactly(location: str, exact_below: int) -> No
         assert len(everything) == 1 and len(everything[0].items) == len(rows)
 
 
+@pytest.mark.parametrize("exact_below", [0, 10_000], ids=["graph", "all-pairs"])
+def test_identical_files_meet_threshold_one(location: str, exact_below: int) -> None:
+    """Byte-identical copies score 0.9999998 in float32, not 1: threshold 1 must still group
+    them (a tryout found it did not), and nothing else."""
+    rows, _ = planted()
+    # A vector whose float32 self-similarity rounds below 1 (as a 512-d model's often does).
+    same = np.random.default_rng(14).standard_normal(DIM).astype(np.float32)
+    rows = [ItemRow(key="p5", vector=same) if r.key == "p5" else r for r in rows]
+    rows += [ItemRow(key=f"p5-copy{i}", vector=same.copy()) for i in range(2)]
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows, dim=DIM)
+        groups = find_duplicates(index, threshold=1.0, exact_below=exact_below)
+        assert [{i["key"] for i in g.items} for g in groups] == [{"p5", "p5-copy0", "p5-copy1"}]
+
+
 def test_cli_and_http(
     tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

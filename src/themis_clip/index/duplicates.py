@@ -48,6 +48,11 @@ class DuplicateGroup:
         return {"items": self.items, "score": self.score}
 
 
+#: Similarities this close below the threshold count: float32 products of unit vectors round
+#: (two identical 512-d vectors score 0.9999998), so threshold 1 still means "identical".
+ROUNDING = 1e-5
+
+
 def _pairs_exact(
     vectors: npt.NDArray[np.float32], threshold: float
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -153,11 +158,12 @@ def find_duplicates(
         return []
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     vectors = (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    cut = threshold - ROUNDING  # identical files must meet threshold 1 in float32
     if len(ids) <= exact_below:
-        a, b = _pairs_exact(vectors, threshold)
+        a, b = _pairs_exact(vectors, cut)
     else:
         graph = _graph(index, ids, vectors, threads)
-        a, b = _pairs_graph(graph, ids, vectors, threshold, neighbours, threads)
+        a, b = _pairs_graph(graph, ids, vectors, cut, neighbours, threads)
     groups = []
     for rows in _components(len(ids), a, b):
         members = vectors[rows]
