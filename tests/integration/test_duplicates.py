@@ -134,3 +134,44 @@ def test_cli_and_http(
         assert got["groups"][0]["items"][0]["thumbnail"].startswith("/items/")
         assert client.get("/duplicates?threshold=1").json()["groups"] == []
         assert client.get("/duplicates?threshold=5").status_code == 422
+
+
+def test_http_runs_one_pass_per_index_version(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over a large library costs seconds of every core: asking again (or many
+    clients asking) reuses it until the index changes."""
+    from fastapi.testclient import TestClient
+
+    from themis_clip import PluginConfig
+    from themis_clip.server.app import create_app
+    from themis_clip.server.routes import duplicates as route
+    from themis_clip.server.settings import ServerSettings
+
+    passes: list[float] = []
+    real = route.find_duplicates
+
+    def counted(index: VectorIndex, *, threshold: float) -> list[object]:
+        passes.append(threshold)
+        return real(index, threshold=threshold)  # type: ignore[return-value]
+
+    monkeypatch.setattr(route, "find_duplicates", counted)
+    location = str(tmp_path / "i.db")
+    rows, want = planted()
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows, dim=DIM)
+    config = PluginConfig.from_dict({"model": {"path": str(tiny_model_dir)}})
+    app = create_app(ServerSettings(plugin_config=config, index_path=location))
+    with TestClient(app) as client:
+        first = [client.get("/duplicates").json() for _ in range(3)]
+        assert first[0] == first[1] == first[2] and len(first[0]["groups"]) == len(want)
+        assert len(passes) == 1
+        client.get("/duplicates?threshold=0.5")
+        assert len(passes) == 2  # another threshold is another pass
+        with VectorIndex(location) as index:  # the index changes: the answer is recomputed
+            index.store.upsert(
+                [ItemRow(key=f"{rows[9].key}-copy", vector=rows[9].vector.copy())], dim=DIM
+            )
+        again = client.get("/duplicates").json()
+        assert len(passes) == 3 and len(again["groups"]) == len(want) + 1

@@ -7,6 +7,7 @@ stamp). Routes get it through :data:`StateDep` and never reach for globals.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +43,10 @@ class AppState:
     text_batcher: MicroBatcher[tuple[str, str | None], EmbeddingResult] | None = None
     #: (model id, index write version) → the weak-match line measured there (server/weak.py)
     weak_lines: dict[tuple[str, int], Any] = field(default_factory=dict)
+    #: (index write version, threshold) → the duplicate groups found there, one computation
+    #: at a time (server/routes/duplicates.py): a client cannot make the server repeat it
+    duplicate_groups: dict[tuple[int, float], Any] = field(default_factory=dict)
+    duplicates_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)
 

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query
 
-from themis_clip.index.duplicates import DEFAULT_THRESHOLD, find_duplicates
+from themis_clip.index.duplicates import DEFAULT_THRESHOLD, DuplicateGroup, find_duplicates
 from themis_clip.server.access import SEARCH
 from themis_clip.server.state import StateDep
 
@@ -22,9 +22,21 @@ async def duplicates(
     state: StateDep,
     threshold: float = Query(default=DEFAULT_THRESHOLD, ge=-1.0, le=1.0),
 ) -> dict[str, Any]:
-    """Groups of near-duplicates, most similar first; each item with its thumbnail URL."""
+    """Groups of near-duplicates, most similar first; each item with its thumbnail URL.
+
+    One pass runs at a time and its answer is kept until the index changes (a pass over a
+    large library takes seconds of every core; asking again, or many clients asking, must
+    not multiply that). A pass keeps running when its client leaves, so the next asker gets
+    its result."""
     idx = state.require_index()
-    groups = await asyncio.to_thread(find_duplicates, idx, threshold=threshold)
+    async with state.duplicates_lock:
+        key = (idx.store.write_version, threshold)
+        groups: list[DuplicateGroup] | None = state.duplicate_groups.get(key)
+        if groups is None:
+            work = asyncio.to_thread(find_duplicates, idx, threshold=threshold)
+            groups = await asyncio.shield(asyncio.ensure_future(work))
+            state.duplicate_groups.clear()  # only the latest version's answers are kept
+            state.duplicate_groups[key] = groups
     out = []
     for group in groups:
         items = [
