@@ -72,6 +72,8 @@ def test_search_where_filters_and_names_bad_paths(tmp_path: Path, tiny_model_dir
                 headers={"content-type": "application/json"},
             )
             assert r.status_code == 422 and problem in r.json()["error"]["message"], (where, r.text)
+        ops = client.post("/search", json={"text": "x", "filters": {"name": {"$gt": 1}}})
+        assert ops.status_code == 422 and 'use "where"' in ops.json()["error"]["message"]
         long = client.post("/search", json={"text": "x", "where": {"$" + "x" * 100_000: 1}})
         assert long.status_code == 422 and len(long.text) < 1000  # the key is not echoed whole
 

@@ -137,6 +137,11 @@ def validate_filters(filters: Any, *, limits: MetadataLimits = LIMITS) -> dict[s
     for key, value in filters.items():
         _check_key(key, "filters", limits)
         _walk(value, f"filters.{key}", 1, [0], limits)
+        if isinstance(value, Mapping) and any(str(k).startswith("$") for k in value):
+            raise MetadataError(
+                f"filters.{key}: filters are equality only (an object with an operator never "
+                f'equals a value); use "where" for operators: {{"where": {{"{key}": ...}}}}'
+            )
     return dict(filters)
 
 
