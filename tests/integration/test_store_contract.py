@@ -137,6 +137,29 @@ def test_folders_renames_duplicates_and_failures(location: str, tmp_path: Path) 
         )  # type: ignore[union-attr]
 
 
+def test_copies_within_one_run_are_embedded_once(location: str, tmp_path: Path) -> None:
+    """Byte-identical files new in the same run: one embedding, the others counted as the
+    duplicates they are (a first run said "0 duplicates" and embedded each)."""
+    folder = tmp_path / "photos"
+    write_png(folder / "a.png", 1)
+    write_png(folder / "other.png", 2)
+    for name in ("b.png", "c.png"):
+        (folder / name).write_bytes((folder / "a.png").read_bytes())
+    (folder / "bad1.jpg").write_bytes(b"not an image")
+    (folder / "bad2.jpg").write_bytes(b"not an image")
+    embedder = FakeEmbedder()
+    with VectorIndex(location) as index:
+        r = index_folder(index, folder, embedder, stamp=STAMP, chunk=2, progress=False)
+        assert (r.added, r.duplicates) == (2, 2)
+        assert sorted(Path(p).name for p, _ in r.failed) == ["bad1.jpg", "bad2.jpg"]
+        assert sorted(Path(p).name for p in embedder.embedded) == ["a.png", "bad1.jpg", "other.png"]
+        vectors = [
+            index.store.vector(str((folder / n).resolve())) for n in ("a.png", "b.png", "c.png")
+        ]
+        assert all(v is not None and np.array_equal(v, vectors[0]) for v in vectors)
+        assert len(index.store.failures_under(str(folder.resolve()))) == 2
+
+
 def test_an_interrupted_run_resumes_to_a_clean_run(location: str, tmp_path: Path) -> None:
     folder = tmp_path / "photos"
     for i in range(10):

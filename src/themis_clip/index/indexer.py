@@ -197,6 +197,8 @@ def index_folder(
     vanished = set(known) - seen
     # Renames and duplicates: content already in the index needs no embedding.
     to_embed: list[tuple[Path, os.stat_result, str | None]] = []
+    copies: list[tuple[Path, os.stat_result, str | None]] = []
+    first_of_run: dict[str, Path] = {}
     for path, st, _ in todo:
         digest = _sha256(path)
         same = store.by_sha256(digest) if digest else []
@@ -215,8 +217,12 @@ def index_folder(
             assert vector is not None
             store.upsert([_row(path, st, digest, vector, folder, metadata)], dim=stamp.dim)
             report.duplicates += 1
+        elif digest and digest in first_of_run and str(path) not in known:
+            copies.append((path, st, digest))  # same bytes as a file embedded in this run
         else:
             to_embed.append((path, st, digest))
+            if digest:
+                first_of_run.setdefault(digest, path)
     if report_progress is not None:
         report_progress(0, len(to_embed))
     for start in range(0, len(to_embed), chunk):
@@ -239,6 +245,16 @@ def index_folder(
         store.record_failures(failed_rows)
         if report_progress is not None:
             report_progress(start + len(part), len(to_embed))
+    for path, st, digest in copies:  # their vector is the first copy's: no second embedding
+        vector = store.vector(str(first_of_run[digest or ""]))
+        if vector is None:  # the first copy was unreadable: so is this one
+            first = str(first_of_run[digest or ""])
+            error = next((e for p, e in report.failed if p == first), "unreadable")
+            store.record_failures([(str(path), st.st_size, st.st_mtime_ns, error)])
+            report.failed.append((str(path), error))
+            continue
+        store.upsert([_row(path, st, digest, vector, folder, metadata)], dim=stamp.dim)
+        report.duplicates += 1
     if metadata is not None:
         _refresh_metadata(store, folder, unchanged, metadata, metadata_version)
     report.removed = store.delete_keys(known[p].key for p in vanished)
