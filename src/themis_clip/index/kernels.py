@@ -36,6 +36,9 @@ def top_k_many(
     over ``matrix`` serves the block; the scores block stays within ~128 MB)."""
     rows_out: list[npt.NDArray[np.int64]] = []
     scores_out: list[npt.NDArray[np.float32]] = []
+    if not len(matrix):
+        empty = (np.empty(0, np.int64), np.empty(0, np.float32))
+        return [empty[0]] * len(queries), [empty[1]] * len(queries)
     block = max(1, (1 << 25) // max(1, len(matrix)))
     for start in range(0, len(queries), block):
         scores = queries[start : start + block] @ matrix.T

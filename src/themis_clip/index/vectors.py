@@ -99,6 +99,14 @@ class VectorTable:
         """``(vectors [len(ids), dim], found)``: the rows of ``ids`` in that order; a row
         whose id the table does not hold is zero and not ``found``."""
         ids = np.asarray(ids, dtype=np.int64)
+        if not len(self.newer_ids) and len(self.ids):  # the common case, in fewer steps
+            pos = np.searchsorted(self.ids, ids)
+            np.minimum(pos, len(self.ids) - 1, out=pos)
+            found = self.ids[pos] == ids
+            rows = self.matrix[pos]
+            if not found.all():
+                rows[~found] = 0
+            return rows, found
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         found = np.zeros(len(ids), dtype=bool)
         for keys, rows in ((self.newer_ids, self.newer), (self.ids, self.matrix)):

@@ -6,7 +6,10 @@ tagged with the store's ``write_version``. Writes do not throw the graph (or the
 away: the store records which rows each write touched, and the structure catches up with just
 those (``changes_since``); a graph is rebuilt only when more than a tenth of it was replaced
 or removed. A graph caught up in memory is saved on :meth:`LocalSearcher.close` and by
-:meth:`LocalSearcher.prepare`.
+:meth:`LocalSearcher.prepare`. Beside an i8 or f16 graph the nodes' float32 vectors are saved
+too (``<index>.vectors``, :mod:`..vectors`): its candidates are re-scored from there, memory-
+mapped, and from the store's rows only for ids written since (or when the file is missing or
+does not belong to the graph); writes since the file are laid over it in memory.
 
 Building a graph of a million vectors takes minutes, so no search waits for one unless the
 caller wants that (the default for a writable index, and ``prepare``, which ``themis-clip
