@@ -10,8 +10,9 @@ and the same held-out queries (never indexed; recall@10 against brute force):
 * where a query's time goes (a per-stage timer over the same queries: the graph, the candidates'
   float32 rows from the vectors file and their re-scoring, the hits' SQLite records, the rest),
   and a cProfile of the searches;
-* bare hnswlib (M 16, efConstruction 64 unless told, float32), its breadths swept; our p50
-  divided by hnswlib's p50 at our recall (interpolated between its two sweep points around it).
+* bare hnswlib (M 16, efConstruction 64 unless told, float32; built once per work dir and
+  saved there), its breadths swept interleaved with ours; our p50 divided by hnswlib's p50 at
+  our recall (its cheapest breadth reaching it, interpolated with the breadth before).
 
 The build is the heavy part, so it is a phase of its own (``--phase build``: the vectors, the
 SQLite index and our graph, tuned as ``themis-clip index`` does, into ``--workdir``), and
@@ -48,7 +49,7 @@ from themis_clip.index.vectors import VECTORS_SUFFIX
 
 TARGET = 0.98
 OUR_EF = [128, 160, 192, 256, 320, 384, 448, 512]
-PEER_EF = [32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512]
+PEER_EF = [64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768]
 
 
 def emit(out: Path, result: dict[str, Any]) -> None:
@@ -134,8 +135,8 @@ def phase_build(args: argparse.Namespace, work: Path) -> None:
 
 
 def stages(ro: VectorIndex, queries: np.ndarray, k: int = 10) -> dict[str, float]:
-    """Median milliseconds a query spends in each stage of ``VectorIndex.search``'s path
-    (the same calls, timed one by one)."""
+    """Milliseconds a query spends in each stage of ``VectorIndex.search``'s path (the same
+    calls, timed one by one), mean and median, and the rest (locks, checks, hits)."""
     searcher = ro.searcher
     structures = searcher._structures()  # type: ignore[attr-defined]
     ann = structures.ann
@@ -143,9 +144,7 @@ def stages(ro: VectorIndex, queries: np.ndarray, k: int = 10) -> dict[str, float
     dim = queries.shape[1]
     parts: dict[str, list[float]] = {"graph": [], "rows": [], "rescore": [], "records": []}
     totals = []
-    for q in queries:
-        t0 = time.perf_counter()
-        ro.search(q, k)  # the whole, then its stages one by one (the same calls)
+    for q in queries:  # the stages' calls one by one (one pass: no query repeated hot)
         t1 = time.perf_counter()
         ids, _ = ann.search(q, fetch)
         t2 = time.perf_counter()
@@ -162,10 +161,16 @@ def stages(ro: VectorIndex, queries: np.ndarray, k: int = 10) -> dict[str, float
             ("records", t4, t5),
         ):
             parts[name].append((b - a) * 1000)
-        totals.append((t1 - t0) * 1000)
-    out = {f"{name}_ms": float(np.median(v)) for name, v in parts.items()}
-    out["whole_search_ms"] = float(np.median(totals))
-    out["rest_ms"] = out["whole_search_ms"] - sum(out[f"{n}_ms"] for n in parts)
+    for q in queries:  # then the whole, in a pass of its own
+        t0 = time.perf_counter()
+        ro.search(q, k)
+        totals.append((time.perf_counter() - t0) * 1000)
+    # Means add up (medians do not): the rest is the whole's mean less the stages' means.
+    out = {f"{name}_mean_ms": float(np.mean(v)) for name, v in parts.items()}
+    out.update({f"{name}_p50_ms": float(np.median(v)) for name, v in parts.items()})
+    out["whole_mean_ms"] = float(np.mean(totals))
+    out["whole_p50_ms"] = float(np.median(totals))
+    out["rest_mean_ms"] = out["whole_mean_ms"] - sum(out[f"{n}_mean_ms"] for n in parts)
     return out
 
 
@@ -180,16 +185,52 @@ def profile(ro: VectorIndex, queries: np.ndarray) -> str:
     return text.getvalue()
 
 
-def phase_measure(args: argparse.Namespace, work: Path) -> None:
+def hnswlib_index(data: np.ndarray, work: Path, efc: int) -> tuple[Any, float]:
+    """Bare hnswlib (M 16, float32) over ``data``: built once per work dir and saved there,
+    loaded by later runs; ``(index, build seconds of the run that built it)``."""
     import hnswlib
 
+    saved = work / f"hnswlib-M16-efc{efc}.bin"
+    meta = saved.with_suffix(".json")
+    index = hnswlib.Index(space="ip", dim=data.shape[1])
+    if saved.is_file() and meta.is_file():
+        index.load_index(str(saved), max_elements=len(data))
+        return index, float(json.loads(meta.read_text())["build_s"])
+    index.init_index(max_elements=len(data), M=16, ef_construction=efc)
+    t0 = time.perf_counter()
+    for start in range(0, len(data), 100_000):
+        chunk = np.asarray(data[start : start + 100_000])
+        index.add_items(
+            chunk, np.arange(start, start + len(chunk)), num_threads=os.cpu_count() or 2
+        )
+    build_s = time.perf_counter() - t0
+    index.save_index(str(saved))
+    meta.write_text(json.dumps({"build_s": build_s}))
+    return index, build_s
+
+
+def phase_measure(args: argparse.Namespace, work: Path) -> None:
     data = np.load(work / "data.npy", mmap_mode="r")
     queries = np.load(work / "queries.npy")[: args.queries]
     t0 = time.perf_counter()
     truth = truth_sets(np.asarray(data), queries)
     print(f"brute force truth: {time.perf_counter() - t0:.0f} s", flush=True)
+    index, build_s = hnswlib_index(data, work, args.peer_efc)
+    index.set_num_threads(1)
+    print(f"hnswlib: built in {build_s:.0f} s", flush=True)
+
+    def peer(q: np.ndarray) -> list[int]:
+        return index.knn_query(q, k=10)[0][0].tolist()  # type: ignore[no-any-return]
+
     db = work / "bench.db"
-    result: dict[str, Any] = {"part": "ours-vs-hnswlib", "n": len(data), "queries": len(queries)}
+    result: dict[str, Any] = {
+        "part": "ours-vs-hnswlib",
+        "n": len(data),
+        "queries": len(queries),
+        "hnswlib_build_s": build_s,
+        "hnswlib": {"M": 16, "ef_construction": args.peer_efc},
+        "load_average_before": os.getloadavg(),
+    }
     with VectorIndex(db, readonly=True) as ro:  # as `themis-clip search` opens it
         assert ro.mode == "hnsw"
         ro.search(queries[0], 10)
@@ -200,8 +241,9 @@ def phase_measure(args: argparse.Namespace, work: Path) -> None:
         def ours(q: np.ndarray) -> list[int]:
             return [int(h.key) for h in ro.search(q, 10)]
 
-        for q in queries:  # page the graph and the vectors file in
+        for q in queries:  # page the graph, the vectors file and the hits' rows in
             ours(q)
+            peer(q)
         result["through_vector_index"] = {"expansion_search": tuned, **timed(ours, queries, truth)}
         print("ours, tuned:", result["through_vector_index"], flush=True)
         result["stages"] = stages(ro, queries)
@@ -215,42 +257,26 @@ def phase_measure(args: argparse.Namespace, work: Path) -> None:
             "threads": os.cpu_count(),
         }
         print("search_many:", result["search_many"], flush=True)
-        sweep = []
-        for ef in OUR_EF:
-            ann.expansion_search = ef
-            point = {"expansion_search": ef, **timed(ours, queries, truth)}
-            sweep.append(point)
-            print(f"  ours ef {ef}: {point}", flush=True)
-        result["our_sweep"] = sweep
+        # The two sweeps interleaved breadth by breadth: drift hits both alike.
+        sweep, peer_sweep = [], []
+        for ef in sorted(set(OUR_EF) | set(PEER_EF)):
+            if ef in OUR_EF:
+                ann.expansion_search = ef
+                point = {"expansion_search": ef, **timed(ours, queries, truth)}
+                sweep.append(point)
+                print(f"  ours ef {ef}: {point}", flush=True)
+            if ef in PEER_EF:
+                index.set_ef(ef)
+                point = {"ef": ef, **timed(peer, queries, truth)}
+                peer_sweep.append(point)
+                print(f"  hnswlib ef {ef}: {point}", flush=True)
+        result["our_sweep"], result["hnswlib_sweep"] = sweep, peer_sweep
         ann.expansion_search = tuned
-        result["profile"] = profile(ro, queries)
-        print(result["profile"], flush=True)
-
-        index = hnswlib.Index(space="ip", dim=data.shape[1])
-        index.init_index(max_elements=len(data), M=16, ef_construction=args.peer_efc)
-        t0 = time.perf_counter()
-        for start in range(0, len(data), 100_000):
-            chunk = np.asarray(data[start : start + 100_000])
-            index.add_items(
-                chunk, np.arange(start, start + len(chunk)), num_threads=os.cpu_count() or 2
-            )
-        result["hnswlib_build_s"] = time.perf_counter() - t0
-        print(f"hnswlib build: {result['hnswlib_build_s']:.0f} s", flush=True)
-        index.set_num_threads(1)
-
-        def peer(q: np.ndarray) -> list[int]:
-            return index.knn_query(q, k=10)[0][0].tolist()  # type: ignore[no-any-return]
-
-        peer_sweep = []
-        for ef in PEER_EF:
-            index.set_ef(ef)
-            point = {"ef": ef, **timed(peer, queries, truth)}
-            peer_sweep.append(point)
-            print(f"  hnswlib ef {ef}: {point}", flush=True)
-        result["hnswlib_sweep"] = peer_sweep
-        # Ours again after the peer: drift between the two halves of the run.
         result["through_vector_index_again"] = timed(ours, queries, truth)
         print("ours again:", result["through_vector_index_again"], flush=True)
+        result["profile"] = profile(ro, queries)
+        print(result["profile"], flush=True)
+    result["load_average_after"] = os.getloadavg()
     ratios = []
     for point in [result["through_vector_index"], *sweep]:
         peer_ms = at_recall(peer_sweep, point["recall_at_10"])

@@ -133,3 +133,20 @@ def test_vector_table_lookup_prefers_newer_rows_and_reports_missing_ids() -> Non
     assert found.tolist() == [True, True, True, False]
     assert vectors.tolist() == [[5, 5, 5], [1, 0, 0], [5, 5, 5], [0, 0, 0]]
     assert table.lookup(np.array([2]))[0].tolist() == [[0, 1, 0]]  # the original is unchanged
+
+
+@pytest.mark.parametrize("spread", [1, 3])  # dense ids (a row map), then sparse (a binary search)
+def test_vector_table_finds_every_id_and_no_other(spread: int) -> None:
+    rng = np.random.default_rng(spread)
+    ids = np.unique(rng.integers(1, 5_000 * spread, 4_000)).astype(np.int64)
+    matrix = rng.standard_normal((len(ids), 4)).astype(np.float32)
+    table = VectorTable.of(ids, matrix)
+    assert (table._row_map is not None) == (spread == 1)
+    probe = np.arange(-2, int(ids[-1]) + 3, dtype=np.int64)
+    vectors, found = table.lookup(probe)
+    assert np.array_equal(found, np.isin(probe, ids))
+    assert np.array_equal(vectors[found], matrix) and not vectors[~found].any()
+    newer = table.with_rows(ids[:2], np.ones((2, 4), np.float32))
+    vectors, found = newer.lookup(probe)
+    assert np.array_equal(found, np.isin(probe, ids))
+    assert np.array_equal(vectors[found], np.concatenate([np.ones((2, 4)), matrix[2:]]))
