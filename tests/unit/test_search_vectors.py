@@ -150,3 +150,25 @@ def test_vector_table_finds_every_id_and_no_other(spread: int) -> None:
     vectors, found = newer.lookup(probe)
     assert np.array_equal(found, np.isin(probe, ids))
     assert np.array_equal(vectors[found], np.concatenate([np.ones((2, 4)), matrix[2:]]))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "half-written"])
+def test_a_damaged_vectors_file_falls_back_to_the_store(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "i.db"
+    vectors = built(path)
+    data = vectors.read_bytes()
+    if damage == "truncated":
+        vectors.write_bytes(data[: len(data) - 7])
+    elif damage == "foreign":
+        vectors.write_bytes(b"not a vectors file" + data[18:])
+    else:  # killed while writing: the temporary file is left, the real one gone
+        vectors.rename(vectors.with_name(vectors.name + ".tmp"))
+    with VectorIndex(path, readonly=True, exact_threshold=50) as ro:
+        hits = ro.search(unit(21), 3)
+        assert hits[0].key == "k21" and hits[0].score == pytest.approx(1.0, abs=1e-6)
+        assert ro.stats()["graph"]["rescored_from"] == "store"
+    with VectorIndex(path, exact_threshold=50) as rw:  # a writable open writes a good one
+        rw.prepare_graph()
+    with VectorIndex(path, readonly=True, exact_threshold=50) as ro:
+        assert ro.search(unit(21), 1)[0].key == "k21"
+        assert ro.stats()["graph"]["rescored_from"] == "vectors file"
