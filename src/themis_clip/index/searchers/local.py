@@ -416,7 +416,7 @@ class LocalSearcher:
         version = self.store.write_version
         if self._ann is not None or self._cache_version != version:
             self._load_exact(dim, version)
-        table = VectorTable.of(self._ids, self._matrix)  # ids in id order: no copy
+        table = VectorTable.of(self._ids, self._matrix)  # a copy only if not in id order
         plan, graph = self._tune(self._ids, self._matrix, threads=threads)
         return self._install(plan, graph, version, dim, table)
 
