@@ -171,8 +171,7 @@ def part_ours(
         out["through_vector_index"] = measure(
             lambda q: [int(h.key) for h in ro.search(q, 10)], queries, truth
         )
-        ro._refresh(data.shape[1])
-        ann = ro._ann
+        ann = ro.searcher.current_graph(data.shape[1])  # type: ignore[attr-defined]
         assert ann is not None
         fetch = ro.settings.fetch(10, ann.dtype)
 

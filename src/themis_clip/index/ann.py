@@ -190,6 +190,10 @@ class HNSWIndex:
         return "cos" if kind == "cos" else "ip"
 
     @property
+    def ndim(self) -> int:
+        return int(self._index.ndim)  # type: ignore[attr-defined]
+
+    @property
     def connectivity(self) -> int:
         return int(self._index.connectivity)  # type: ignore[attr-defined]
 
@@ -268,6 +272,23 @@ class HNSWIndex:
 
     def _query(self, queries: npt.NDArray[np.float32]) -> npt.NDArray[np.float32 | np.int8]:
         return i8_codes(queries, self._stretch or 1.0) if self._coded else queries
+
+    def search_batch(
+        self, queries: npt.NDArray[np.float32], k: int, *, threads: int = 0
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Top ``k`` of each row of ``queries`` as one batch (``threads`` 0: every core):
+        ``(ids [n, k], approximate scores [n, k], counts [n])``, each row's ``counts`` matches
+        first and best first, as :meth:`search` finds them (each query is searched alone)."""
+        if not len(queries):
+            return np.empty((0, k), np.int64), np.empty((0, k), np.float32), np.empty(0, np.int64)
+        matches = self._index.search(  # type: ignore[attr-defined]
+            self._query(np.ascontiguousarray(queries, dtype=np.float32)), k, threads=threads
+        )
+        keys = np.asarray(matches.keys, dtype=np.int64).reshape(len(queries), -1)
+        distances = np.asarray(matches.distances, dtype=np.float32).reshape(len(queries), -1)
+        counts = np.asarray(matches.counts, dtype=np.int64).reshape(-1)
+        scores = ((1.0 - distances) * self._score_scale).astype(np.float32)
+        return keys, scores, counts
 
     def search_many(
         self, queries: npt.NDArray[np.float32], k: int, *, threads: int = 0

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["K", "measure_exact_ms", "rescore", "top_k"]
+__all__ = ["K", "measure_exact_ms", "rescore", "top_k", "top_k_many"]
 
 #: The k that recall and latency are measured at (recall@10).
 K = 10
@@ -27,6 +27,32 @@ def top_k(
     part = np.argpartition(-scores, k - 1)[:k]
     order = part[np.argsort(-scores[part], kind="stable")]
     return order.astype(np.int64), scores[order].astype(np.float32)
+
+
+def top_k_many(
+    matrix: npt.NDArray[np.float32], queries: npt.NDArray[np.float32], k: int
+) -> tuple[list[npt.NDArray[np.int64]], list[npt.NDArray[np.float32]]]:
+    """:func:`top_k` for each row of ``queries``, a block of them per matrix product (one pass
+    over ``matrix`` serves the block; the scores block stays within ~128 MB)."""
+    rows_out: list[npt.NDArray[np.int64]] = []
+    scores_out: list[npt.NDArray[np.float32]] = []
+    if not len(matrix):
+        empty = (np.empty(0, np.int64), np.empty(0, np.float32))
+        return [empty[0]] * len(queries), [empty[1]] * len(queries)
+    block = max(1, (1 << 25) // max(1, len(matrix)))
+    for start in range(0, len(queries), block):
+        scores = queries[start : start + block] @ matrix.T
+        for row in scores:
+            kk = min(k, len(row))
+            if kk <= 0:
+                rows_out.append(np.empty(0, np.int64))
+                scores_out.append(np.empty(0, np.float32))
+                continue
+            part = np.argpartition(-row, kk - 1)[:kk]
+            order = part[np.argsort(-row[part], kind="stable")]
+            rows_out.append(order.astype(np.int64))
+            scores_out.append(row[order].astype(np.float32))
+    return rows_out, scores_out
 
 
 def rescore(

@@ -6,7 +6,10 @@ tagged with the store's ``write_version``. Writes do not throw the graph (or the
 away: the store records which rows each write touched, and the structure catches up with just
 those (``changes_since``); a graph is rebuilt only when more than a tenth of it was replaced
 or removed. A graph caught up in memory is saved on :meth:`LocalSearcher.close` and by
-:meth:`LocalSearcher.prepare`.
+:meth:`LocalSearcher.prepare`. Beside an i8 or f16 graph the nodes' float32 vectors are saved
+too (``<index>.vectors``, :mod:`..vectors`): its candidates are re-scored from there, memory-
+mapped, and from the store's rows only for ids written since (or when the file is missing or
+does not belong to the graph); writes since the file are laid over it in memory.
 
 Building a graph of a million vectors takes minutes, so no search waits for one unless the
 caller wants that (the default for a writable index, and ``prepare``, which ``themis-clip
@@ -37,19 +40,21 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.index.ann import HNSWIndex
-from themis_clip.index.kernels import measure_exact_ms, rescore, top_k
+from themis_clip.index.kernels import measure_exact_ms
 from themis_clip.index.rwlock import ReadWriteLock
+from themis_clip.index.searchers.answers import SELECTIVE_FILTER, Structures
 from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
 from themis_clip.index.stores.base import GraphFileStore
 from themis_clip.index.tuning import tune
+from themis_clip.index.vectors import VectorTable
 from themis_clip.index.where import Where
 
 __all__ = ["CATCH_UP_SHARE", "SELECTIVE_FILTER", "LocalSearcher"]
 
+_Built = tuple[SearchPlan, HNSWIndex | None, VectorTable]
+
 log = logging.getLogger(__name__)
 
-#: Filters matching at most this many items are answered exactly over just those items.
-SELECTIVE_FILTER = 20_000
 #: A graph is rebuilt rather than caught up when more than this share of it changed.
 CATCH_UP_SHARE = 0.1
 
@@ -60,6 +65,8 @@ class LocalSearcher:
     Args:
         store: the store (the graph's tag lives in its meta).
         graph_path: where the graph is saved (None: never saved).
+        vectors_path: where the float32 vectors its candidates are re-scored with are saved
+            (:mod:`..vectors`; None: beside the graph, ``.usearch`` → ``.vectors``).
         settings: the tuner's target recall, vector type and budgets.
         exact_threshold: a fixed rule instead of the measured one: collections at or below this
             size are searched exactly, larger ones always by graph.
@@ -75,6 +82,7 @@ class LocalSearcher:
         *,
         graph_path: Path | None,
         settings: GraphSettings,
+        vectors_path: Path | None = None,
         exact_threshold: int | None = None,
         expansion_search: int | None = None,
         fixed: tuple[int, int] | None = None,
@@ -89,13 +97,19 @@ class LocalSearcher:
         self.location = str(store.path)
         self._fixed = fixed
         self._ann_path = graph_path
+        if vectors_path is None and graph_path is not None:
+            vectors_path = graph_path.with_suffix(".vectors")
+        self._vectors_path = vectors_path
+        #: The graph's candidates' float32 vectors (None: read from the store's rows).
+        self._table: VectorTable | None = None
         self._cache_version = -1
         self._ids: npt.NDArray[np.int64] = np.empty(0, np.int64)
         self._matrix: npt.NDArray[np.float32] = np.empty((0, 0), np.float32)
         self._ann: HNSWIndex | None = None
         self._dirty = False  # the graph in memory is ahead of the saved file
         self._background = background
-        self._building: tuple[int, Future[tuple[SearchPlan, HNSWIndex | None]]] | None = None
+        #: A background build: (version, its plan, graph and the vectors it was built from).
+        self._building: tuple[int, Future[_Built]] | None = None
         self._lock = ReadWriteLock()
 
     def close(self) -> None:
@@ -137,6 +151,7 @@ class LocalSearcher:
                     "expansion_search": ann.expansion_search,
                     "items": len(ann),
                     "bytes_per_item": ann.serialized_bytes / max(1, len(ann)),
+                    "rescored_from": "store" if self._table is None else "vectors file",
                 }
             }
 
@@ -157,7 +172,28 @@ class LocalSearcher:
             with self._lock.write():
                 self._refresh(dim)
         with self._lock.read():  # a write since is caught up by the next search
-            return self._search(query, k, allowed, dim)
+            return self._structures().search(query, k, allowed, dim)
+
+    def search_many(
+        self,
+        queries: npt.NDArray[np.float32],
+        k: int,
+        filters: Mapping[str, Any] | None,
+        dim: int,
+        *,
+        where: Where | None = None,
+    ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
+        """:meth:`search` for each row of ``queries`` (``(n, dim)`` unit vectors), with the
+        same results; the filter is read once (:meth:`.Structures.search_many`)."""
+        allowed = self.store.ids_matching(filters) if filters else None
+        if where is not None:
+            matching = self.store.ids_where(where)
+            allowed = matching if allowed is None else allowed & matching
+        if not self._is_current():
+            with self._lock.write():
+                self._refresh(dim)
+        with self._lock.read():
+            return self._structures().search_many(queries, k, allowed, dim)
 
     def current_graph(self, dim: int) -> HNSWIndex | None:
         """The graph searches use now, caught up with the store (None: searched exactly);
@@ -192,45 +228,16 @@ class LocalSearcher:
             return False  # measured: exact search is the better choice at this size
         return self._tune_and_install(dim, threads=0)
 
-    def _search(
-        self,
-        query: npt.NDArray[np.float32],
-        k: int,
-        allowed: set[int] | None,
-        dim: int,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        graph_or_empty = self._ann is not None or not len(self._ids)
-        if allowed is not None and graph_or_empty and len(allowed) <= SELECTIVE_FILTER:
-            ids = np.fromiter(allowed, dtype=np.int64, count=len(allowed))  # exact: complete
-            return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
-        if self._ann is None:
-            if allowed is None:
-                rows, scores = top_k(self._matrix, query, k)
-                return self._ids[rows], scores
-            mask = np.isin(self._ids, np.fromiter(allowed, dtype=np.int64, count=len(allowed)))
-            rows, scores = top_k(self._matrix[mask], query, k)
-            return self._ids[mask][rows], scores
-        ann = self._ann
-        compact = ann.dtype != GraphDType.F32
-        want = k
-        if allowed is not None:  # a broad filter: widen the candidate list by its rarity
-            want = int(k * max(1.0, 2 * len(ann) / max(1, len(allowed))))
-        # Matches found only at the edge of the beam are its least accurate part: ask for as
-        # many matching candidates as an unfiltered search re-scores, at least twice k.
-        enough = max(2 * k, self.settings.fetch(k, ann.dtype))
-        while True:
-            fetch = min(len(ann), self.settings.fetch(want, ann.dtype))
-            ids, scores = ann.search(query, fetch)
-            if allowed is None:
-                break
-            keep = np.fromiter((int(i) in allowed for i in ids), dtype=bool, count=len(ids))
-            ids, scores = ids[keep], scores[keep]
-            if len(ids) >= min(enough, len(allowed)) or fetch >= len(ann):
-                break
-            want *= 4  # the matches lie further out: widen until enough are found (or all seen)
-        if compact:
-            return rescore(ids, self.store.vectors_by_id(ids.tolist(), dim), query, k)
-        return ids[:k], scores[:k]
+    def _structures(self) -> Structures:
+        """What a search reads now (under the read lock)."""
+        return Structures(
+            store=self.store,
+            settings=self.settings,
+            ann=self._ann,
+            table=self._table,
+            ids=self._ids,
+            matrix=self._matrix,
+        )
 
     # -- keeping the structures current --------------------------------------------------------
 
@@ -324,6 +331,8 @@ class LocalSearcher:
                 return False  # the collection outgrew the plan: measure again
             ann.remove(drop)
             ann.add(changed, vectors, threads=0)
+            if self._table is not None:
+                self._table = self._table.with_rows(changed, vectors)
             self._dirty = self._dirty or bool(len(drop) or len(changed))
         else:
             keep = ~np.isin(self._ids, drop)
@@ -334,14 +343,18 @@ class LocalSearcher:
 
     def _load_exact(self, dim: int, version: int) -> None:
         self._ids, self._matrix = self.store.load_vectors(dim)
-        self._ann = None
+        self._ann = self._table = None
         self._dirty = False
         self._cache_version = version
 
-    def _use(self, ann: HNSWIndex, version: int) -> None:
+    def _use(self, ann: HNSWIndex, version: int, table: VectorTable | None) -> None:
         self._ann = ann  # the exact-search matrix is no longer needed: free it
+        self._table = table
         self._ids, self._matrix = np.empty(0, np.int64), np.empty((0, 0), np.float32)
         self._cache_version = version
+
+    def _drop_graph(self) -> None:
+        self._ann, self._table, self._cache_version = None, None, -1
 
     def _load_saved(self, dim: int, version: int) -> bool:
         """Use the saved graph: memory-mapped when current and read-only, loaded and caught up
@@ -359,10 +372,23 @@ class LocalSearcher:
         graph = HNSWIndex.open(self._ann_path, view=self.store.readonly, expansion_search=ef)
         if graph is None:
             return False
-        self._use(graph, saved_at)
+        table = None
+        if self._vectors_path is not None and graph.dtype != GraphDType.F32:
+            table = VectorTable.open_current(
+                self._vectors_path,
+                dim=dim,
+                count=len(graph),
+                tag=saved_at,
+                stored=lambda ids: self.store.vectors_by_id(ids.tolist(), dim),
+            )
+        if table is None and graph.dtype != GraphDType.F32 and not self.store.readonly:
+            # An index saved before vectors files (or with a stale one): write one with the
+            # graph on the next save; until then the store's rows serve.
+            self._dirty = True
+        self._use(graph, saved_at, table)
         if saved_at == version or self._catch_up(dim, version):
             return True
-        self._ann, self._cache_version = None, -1
+        self._drop_graph()
         return False
 
     def _tune(
@@ -390,8 +416,9 @@ class LocalSearcher:
         version = self.store.write_version
         if self._ann is not None or self._cache_version != version:
             self._load_exact(dim, version)
+        table = VectorTable.of(self._ids, self._matrix)  # a copy only if not in id order
         plan, graph = self._tune(self._ids, self._matrix, threads=threads)
-        return self._install(plan, graph, version, dim)
+        return self._install(plan, graph, version, dim, table)
 
     def _collect_background(self, dim: int) -> None:
         if self._building is None or not self._building[1].done():
@@ -399,25 +426,32 @@ class LocalSearcher:
         built, future = self._building
         self._building = None
         try:
-            plan, graph = future.result()
+            plan, graph, table = future.result()
         except Exception as exc:  # a failed build leaves exact search serving
             log.warning("building the search graph for %s failed: %s", self.location, exc)
             return
-        self._install(plan, graph, built, dim)
+        self._install(plan, graph, built, dim, table)
 
-    def _install(self, plan: SearchPlan, graph: HNSWIndex | None, version: int, dim: int) -> bool:
-        """Record ``plan``; serve ``graph`` (built for ``version``), caught up with later
-        writes, and save it when the index is writable."""
+    def _install(
+        self,
+        plan: SearchPlan,
+        graph: HNSWIndex | None,
+        version: int,
+        dim: int,
+        table: VectorTable,
+    ) -> bool:
+        """Record ``plan``; serve ``graph`` (built for ``version`` from ``table``'s vectors),
+        caught up with later writes, and save it when the index is writable."""
         if not self.store.readonly:
             self.store.set_meta({"search_plan": plan.to_json()})
         if graph is None:
             if self._ann is not None:
-                self._ann, self._cache_version = None, -1
+                self._drop_graph()
             return False
-        self._use(graph, version)
+        self._use(graph, version, table if graph.dtype != GraphDType.F32 else None)
         current = self.store.write_version
         if current != version and not self._catch_up(dim, current):
-            self._ann, self._cache_version = None, -1  # too much changed meanwhile: rebuild
+            self._drop_graph()  # too much changed meanwhile: rebuild
             return True
         if not self.store.readonly:
             self._save(graph)
@@ -426,6 +460,14 @@ class LocalSearcher:
     def _save(self, graph: HNSWIndex) -> None:
         assert self._ann_path is not None
         graph.save(self._ann_path)
+        if self._vectors_path is not None and graph.dtype != GraphDType.F32:
+            # The nodes' float32 vectors beside the graph, then served memory-mapped from there.
+            source = self._table
+            if source is None:  # a graph saved before vectors files: one scan of the store
+                source = VectorTable.of(*self.store.load_vectors(graph.ndim))
+            self._table = source.save_for(
+                self._vectors_path, graph.keys(), version=self._cache_version
+            )
         # The tag records the version the graph matches (writing it is a version of its own).
         tag = self.store.tag_graph(self._cache_version)
         if tag > self._cache_version:
@@ -436,12 +478,13 @@ class LocalSearcher:
         """Tune and build on a daemon thread from a snapshot of the vectors (no store use
         off-thread)."""
         ids, matrix = self._ids, self._matrix
-        future: Future[tuple[SearchPlan, HNSWIndex | None]] = Future()
+        future: Future[_Built] = Future()
         threads = max(1, (os.cpu_count() or 2) // 2)  # leave cores to the embedding sessions
 
         def work() -> None:
             try:
-                future.set_result(self._tune(ids, matrix, threads=threads))
+                plan, graph = self._tune(ids, matrix, threads=threads)
+                future.set_result((plan, graph, VectorTable.of(ids, matrix)))
             except BaseException as exc:
                 future.set_exception(exc)
 
