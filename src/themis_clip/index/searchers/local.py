@@ -164,13 +164,7 @@ class LocalSearcher:
         *,
         where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        allowed = self.store.ids_matching(filters) if filters else None
-        if where is not None:
-            matching = self.store.ids_where(where)
-            allowed = matching if allowed is None else allowed & matching
-        if not self._is_current():
-            with self._lock.write():
-                self._refresh(dim)
+        allowed = self._allowed_and_current(filters, where, dim)
         with self._lock.read():  # a write since is caught up by the next search
             return self._structures().search(query, k, allowed, dim)
 
@@ -185,6 +179,14 @@ class LocalSearcher:
     ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
         """:meth:`search` for each row of ``queries`` (``(n, dim)`` unit vectors), with the
         same results; the filter is read once (:meth:`.Structures.search_many`)."""
+        allowed = self._allowed_and_current(filters, where, dim)
+        with self._lock.read():
+            return self._structures().search_many(queries, k, allowed, dim)
+
+    def _allowed_and_current(
+        self, filters: Mapping[str, Any] | None, where: Where | None, dim: int
+    ) -> set[int] | None:
+        """The ids the filters allow (None: all), with the structures caught up first."""
         allowed = self.store.ids_matching(filters) if filters else None
         if where is not None:
             matching = self.store.ids_where(where)
@@ -192,8 +194,7 @@ class LocalSearcher:
         if not self._is_current():
             with self._lock.write():
                 self._refresh(dim)
-        with self._lock.read():
-            return self._structures().search_many(queries, k, allowed, dim)
+        return allowed
 
     def current_graph(self, dim: int) -> HNSWIndex | None:
         """The graph searches use now, caught up with the store (None: searched exactly);
