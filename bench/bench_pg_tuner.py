@@ -97,7 +97,8 @@ def main() -> None:
         index.prepare_graph()  # CREATE INDEX ... USING hnsw, then the tuner
         prepare_s = time.perf_counter() - t0
         plan = index.plan
-        assert plan is not None and plan.expansion_search is not None
+        assert plan is not None
+        assert plan.expansion_search is not None
         pg = index.searcher
         assert isinstance(pg, PgSearcher)
         chosen = plan.expansion_search
