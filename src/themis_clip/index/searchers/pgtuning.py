@@ -48,8 +48,6 @@ EF_SWEEP = (40, 50, 64, 80, 100, 125, 160, 200, 250, 320, 400, 500, 640, 800, 10
 #: Probe queries per measurement (fewer when the settings' sample or the table is smaller):
 #: recall@10 near 0.98 over 400 probes has a standard error of ~0.003.
 PROBES = 400
-#: Stored vectors summed into one probe (a member and its nearest others).
-SUMMED = 10
 #: Rows read per chunk of an exact pass.
 CHUNK = 20_000
 #: Exact scans timed for the plan's baseline (one takes ~3 s at 1M rows).
@@ -94,31 +92,24 @@ def exact_top(
 
 
 def probe_queries(
-    members: npt.NDArray[np.float32],
-    neighbours: npt.NDArray[np.float32],
-    rng: np.random.Generator,
+    members: npt.NDArray[np.float32], gaps: npt.NDArray[np.float32], rng: np.random.Generator
 ) -> npt.NDArray[np.float32]:
-    """Fresh-like queries: each member summed with its nearest ``neighbours`` (``[q, j - 1,
-    dim]``), plus a random step orthogonal to the sum that puts back the noise the sum
-    averaged away, normalised.
-
-    Were vectors a shared part plus independent noise of energy s2 each, two neighbours would
-    be about ``sqrt(2 s2)`` apart and a fresh query would carry noise s2 for one shared part.
-    The sum of ``j`` neighbours carries ``j`` shared parts but only ``j s2`` of noise; a step
-    of energy ``j (j - 1) s2`` makes it ``j^2 s2``, as noisy as a fresh query, whatever the
-    noise level, and about as far from each of the ``j`` as a fresh query is from its nearest
-    (``2 s2 (j - 1) / j``). A member moved by its neighbour distance alone would carry 3 s2."""
-    j = 1 + neighbours.shape[1]
-    base = members + neighbours.sum(axis=1)
-    s2 = np.mean(np.sum((neighbours - members[:, None, :]) ** 2, axis=2), axis=1) / 2
+    """Each member moved by its gap (its nearest-neighbour distance) in a random direction
+    orthogonal to it, normalised: where a fresh query near it would be."""
     step = rng.standard_normal(members.shape).astype(np.float32)
-    step -= np.sum(step * base, 1, keepdims=True) * base / np.sum(base * base, 1, keepdims=True)
+    step -= np.sum(step * members, axis=1, keepdims=True) * members
     step /= np.maximum(np.linalg.norm(step, axis=1, keepdims=True), 1e-12)
-    moved = base + np.sqrt(j * (j - 1) * s2)[:, None] * step
+    moved = members + gaps[:, None] * step
     out: npt.NDArray[np.float32] = (moved / np.linalg.norm(moved, axis=1, keepdims=True)).astype(
         np.float32
     )
     return out
+
+
+def _median_distance(scores: npt.NDArray[np.float32]) -> float:
+    """The median chord distance of cosine ``scores`` (missing ones left out)."""
+    ok = scores[np.isfinite(scores)]
+    return float(np.median(np.sqrt(np.maximum(0.0, 2.0 - 2.0 * ok)))) if len(ok) else 0.0
 
 
 def choose(sweep: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -135,20 +126,21 @@ def measure_ef_search(searcher: PgSearcher, settings: GraphSettings, count: int)
     plan chosen: the cheapest setting reaching the target (the sweep stops there)."""
     store = searcher.store
     started = time.perf_counter()
-    rng = np.random.default_rng(0)
     sample = searcher.sample(min(settings.sample, PROBES, count))
     member_ids = np.asarray([i for i, _ in sample], dtype=np.int64)
     members = np.stack([v for _, v in sample]).astype(np.float32)
-    dim = members.shape[1]
-    # Each member's nearest other stored vectors (the member itself left out).
-    near_ids, _ = exact_top(searcher, members, min(SUMMED - 1, count - 1), exclude=member_ids)
-    found = near_ids >= 0
-    near_ids = np.where(found, near_ids, member_ids[:, None])  # too few rows: the member
-    neighbours = store.vectors_by_id(near_ids.ravel().tolist(), dim).reshape(*near_ids.shape, dim)
-    queries = probe_queries(members, neighbours, rng)
+    # Each member's nearest other stored vector (the member itself left out): the distance a
+    # fresh query has to its nearest stored one, since a member left out is a fresh draw.
+    _, nearest = exact_top(searcher, members, 1, exclude=member_ids)
+    gaps = np.sqrt(np.maximum(0.0, 2.0 - 2.0 * np.nan_to_num(nearest[:, 0], neginf=1.0)))
+    queries = probe_queries(members, gaps.astype(np.float32), np.random.default_rng(0))
     want = min(K, count)
     _, truth = exact_top(searcher, queries, want)
     kth = truth[:, -1]
+    calibration = {
+        "fresh_d1": round(float(np.median(gaps)), 4),
+        "probe_d10": round(_median_distance(kth), 4),
+    }
     exact_ms = []
     for q in queries[:EXACT_TIMED]:  # the baseline reported beside the plan: a few scans
         t1 = time.perf_counter()
@@ -198,5 +190,13 @@ def measure_ef_search(searcher: PgSearcher, settings: GraphSettings, count: int)
         graph_bytes_per_item=searcher.hnsw_bytes() / count,
         target_recall=settings.target_recall,
         tuning_s=time.perf_counter() - started,
-        steps=[{"connectivity": 16, "expansion_add": 64, "probes": len(queries), "sweep": sweep}],
+        steps=[
+            {
+                "connectivity": 16,
+                "expansion_add": 64,
+                "probes": len(queries),
+                "calibration": calibration,
+                "sweep": sweep,
+            }
+        ],
     )
