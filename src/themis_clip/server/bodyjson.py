@@ -38,7 +38,14 @@ from typing import Any, TypeVar
 import themis_clip
 from themis_clip.jsonio import RUN_VALUES, join_steps, parse_body, read_answer
 
-__all__ = ["OFF_PROCESS_BYTES", "LargeBodies", "large_bodies"]
+__all__ = [
+    "OFF_PROCESS_BYTES",
+    "SLICE_S",
+    "LargeBodies",
+    "large_bodies",
+    "run_in_slices",
+    "run_to_end",
+]
 
 #: bodies from this size on are parsed in the child process
 OFF_PROCESS_BYTES = 1 << 20
@@ -74,8 +81,20 @@ def _drain_steps(built: list[Any]) -> Generator[None, None, None]:
         del obj
 
 
-async def _run_steps(steps: Generator[None, None, _T]) -> _T:
-    """Drive ``steps`` on the event loop, letting other callbacks run every :data:`SLICE_S`."""
+def run_to_end(steps: Generator[None, None, _T]) -> _T:
+    """Drive ``steps`` (a generator of work, yielding between short pieces) in one go."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: _T = done.value
+            return result
+
+
+async def run_in_slices(steps: Generator[None, None, _T]) -> _T:
+    """Drive ``steps`` on the event loop, letting other callbacks run every :data:`SLICE_S`:
+    GIL-bound work in short pieces, where a worker thread would take the GIL from the loop
+    for a whole switch interval (5 ms) each time the loop wants it back."""
     deadline = time.perf_counter() + SLICE_S
     while True:
         try:
@@ -173,7 +192,7 @@ class LargeBodies:
                 gc.disable()
             self._joining += 1
         try:
-            value = await _run_steps(join_steps(parts, built))
+            value = await run_in_slices(join_steps(parts, built))
             with self._lock:
                 gc.freeze()  # what is alive now (this value too) is out of the collector's reach
                 self._held += 1
@@ -187,7 +206,7 @@ class LargeBodies:
     async def release(self, built: list[Any]) -> None:
         """Free the value :meth:`parse` returned with ``built`` a slice at a time."""
         try:
-            await _run_steps(_drain_steps(built))
+            await run_in_slices(_drain_steps(built))
         finally:
             with self._lock:
                 self._held -= 1
