@@ -79,7 +79,7 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_body(body: bytes) -> tuple[str | None, Any]:
+def parse_body(body: bytes | bytearray) -> tuple[str | None, Any]:
     """``(None, value)`` for strict JSON (valid UTF-8, no NaN/Infinity, no duplicate keys,
     nesting within the parser's bound), else ``(why, None)``."""
     try:

@@ -122,7 +122,7 @@ class _Child:
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
 
-    def ask(self, body: bytes) -> tuple[str | None, Any, bool]:
+    def ask(self, body: bytes | bytearray) -> tuple[str | None, Any, bool]:
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
         self.proc.stdin.write(len(body).to_bytes(8, "big"))
@@ -154,7 +154,18 @@ class LargeBodies:
         self._held = 0  # joined values not yet released (while any, they are frozen)
         self._collecting = True
 
-    def _ask(self, body: bytes) -> tuple[str | None, Any, bool]:
+    def start_soon(self) -> None:
+        """Start the child in the background (its start-up, ~0.5 s, would otherwise fall in
+        the first large request's deadline)."""
+        if self._talk is None:
+            self._talk = ThreadPoolExecutor(1, thread_name_prefix="themis-json")
+            self._talk.submit(self._start)
+
+    def _start(self) -> None:
+        if self._child is None:
+            self._child = _Child()
+
+    def _ask(self, body: bytes | bytearray) -> tuple[str | None, Any, bool]:
         """In the talking thread (one body at a time): the child's answer; ``parsed`` false
         when no child could answer."""
         for _ in range(2):  # a child that died (killed, out of memory) is started again once
@@ -168,12 +179,12 @@ class LargeBodies:
                 self._child = None
         return None, None, False
 
-    async def parse(self, body: bytes) -> tuple[str | None, Any, list[Any] | None]:
+    async def parse(self, body: bytes | bytearray) -> tuple[str | None, Any, list[Any] | None]:
         """``(problem, value, built)``; when ``built`` is not None, pass it to :meth:`release`
         once the request is done, keeping no reference to the value. A value the child could
         not send back is parsed here (in a worker thread)."""
-        if self._talk is None:
-            self._talk = ThreadPoolExecutor(1, thread_name_prefix="themis-json")
+        self.start_soon()
+        assert self._talk is not None
         loop = asyncio.get_running_loop()
         problem, parts, parsed = await loop.run_in_executor(self._talk, self._ask, body)
         if not parsed:

@@ -114,12 +114,14 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        large_bodies().start_soon()  # the parsing process, before a large body needs it
         held = [0]  # body bytes this request holds against the budget
         try:
             await self._handle(scope, receive, send, held)
         finally:
             self.budget.give(held[0])
             scope.pop(PARSED_JSON, None)
+            scope.pop(_RAW, None)
             built = scope.pop(_LARGE, None)
             if built is not None:  # freed a slice at a time, not in one cascade here
                 await large_bodies().release(built)
@@ -163,7 +165,7 @@ class RequestGuard:
             if problem is not None:
                 await answer(400, "BadJSON", problem)
                 return
-            scope[PARSED_JSON], scope[_LARGE] = value, built
+            scope[PARSED_JSON], scope[_LARGE], scope[_RAW] = value, built, body
             del value
 
         disconnected = asyncio.Event()
@@ -173,7 +175,8 @@ class RequestGuard:
             nonlocal delivered
             if not delivered:
                 delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                # bytes, as ASGI says (a preparsed route never asks: it has the body already)
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
 
@@ -215,7 +218,7 @@ class RequestGuard:
             if not app_task.done():
                 app_task.cancel()
 
-    async def _parse(self, body: bytes) -> tuple[str | None, Any, list[Any] | None]:
+    async def _parse(self, body: bytearray) -> tuple[str | None, Any, list[Any] | None]:
         """``(problem, value, built)``; ``__call__`` releases a value with ``built``."""
         if len(body) < _OFF_LOOP_BYTES:
             return (*parse_body(body), None)
@@ -236,14 +239,16 @@ class RequestGuard:
 
     async def _read_body(
         self, scope: Scope, receive: Receive, deadline: float, held: list[int]
-    ) -> bytes:
+    ) -> bytearray:
+        """The whole body, grown a chunk at a time (a 20 MB ``b"".join`` at the end held the
+        event loop for 5-30 ms: the copy and the page faults of fresh memory in one go)."""
         limit = self.limits.max_body_bytes
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _TooLargeError(f"request body over {limit} bytes")
         if declared is not None and declared.isdigit():
             self._take(int(declared), held)  # reserved before a byte is buffered
-        chunks: list[bytes] = []
+        body = bytearray()
         size = 0
         while True:
             idle = self.limits.body_idle_timeout_s
@@ -263,9 +268,9 @@ class RequestGuard:
                 raise _TooLargeError(f"request body over {limit} bytes")
             if size > held[0]:  # streamed (chunked), or longer than declared
                 self._take(size - held[0], held)
-            chunks.append(chunk)
+            body += chunk
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return body
 
 
 class _TooLargeError(Exception):
@@ -278,6 +283,8 @@ _OFF_LOOP_BYTES = 1 << 16
 PARSED_JSON = "themis.json"
 #: the large containers of a body from the child process (freed when the request ends)
 _LARGE = "themis.json.large"
+#: the raw body of a parsed JSON request (PreparsedJSONRoute hands it to Starlette)
+_RAW = "themis.body"
 
 
 def _is_json(scope: Scope) -> bool:
@@ -295,8 +302,10 @@ class PreparsedJSONRoute(APIRoute):
 
         async def preparsed(request: Request) -> Response:
             if PARSED_JSON in request.scope:
-                # Starlette's own cache of ``Request.json()``: FastAPI reads the body from it.
+                # Starlette's own caches of ``Request.json()`` and ``Request.body()``: FastAPI
+                # reads them, instead of joining the body again (a 20 MB copy on the loop).
                 request._json = request.scope[PARSED_JSON]
+                request._body = request.scope[_RAW]
             return await handler(request)
 
         return preparsed
