@@ -183,6 +183,44 @@ def test_large_json_bodies_keep_the_strict_rules(server: ServerProcess) -> None:
     assert "30000 components" in err(r, 422, "ValidationError")  # the route read the vector
 
 
+def test_bodies_for_the_parsing_process_keep_the_strict_rules(server: ServerProcess) -> None:
+    """Bodies from 1 MiB on are parsed in a child process and handed back in parts: the same
+    rules and messages, and a valid one reaches the route whole."""
+    base = server.base
+    pad = "x" * (1 << 20)
+    headers = {"content-type": "application/json"}
+    for body, says in (
+        (b'{"text": "%s", "k": NaN}' % pad.encode(), "NaN is not valid JSON"),
+        (b'{"text": "%s", "k": -Infinity}' % pad.encode(), "-Infinity is not valid JSON"),
+        (b'{"text": "%s", "text": "y"}' % pad.encode(), "duplicate key 'text'"),
+        (b'{"text": "%s\xff"}' % pad.encode(), "not valid UTF-8"),
+        (b'{"text": "%s"' % pad.encode(), "not valid JSON"),
+        (
+            b'{"text": "%s", "k": ' % pad.encode() + b"[" * 5000 + b"]" * 5000 + b"}",
+            "nested deeper",
+        ),
+    ):
+        r = httpx.post(f"{base}/search", content=body, headers=headers, timeout=60)
+        assert says in err(r, 400, "BadJSON")
+    # A lone surrogate escape is JSON: the route sees it and refuses it by name.
+    photo = encode(Image.fromarray(photo_like(32, 32, 3)), "PNG")
+    item = {"id": "s", "image": data_url(photo), "metadata": {"n": "\ud83d", "pad": pad}}
+    body = json.dumps({"items": [item]}).encode()
+    r = httpx.post(f"{base}/index/items", content=body, headers=headers, timeout=60)
+    assert "not valid Unicode" in err(r, 422, "MetadataError")
+    # A valid large body (a 1.5 MB photo of noise, many items) is indexed and found again.
+    noise = np.random.default_rng(3).integers(0, 256, (640, 800, 3), dtype=np.uint8)
+    big = encode(Image.fromarray(noise), "PNG")
+    assert len(big) > 1 << 20
+    items = [{"id": "noise", "image": data_url(big), "metadata": {"kind": "noise"}}]
+    items += [{"id": f"p{i}", "image": data_url(photo), "metadata": {"i": i}} for i in range(300)]
+    r = httpx.post(f"{base}/index/items", json={"items": items}, timeout=120)
+    assert r.status_code == 200 and r.json()["added"] == 301
+    vector = httpx.post(f"{base}/embed/image", content=big, timeout=60).json()["embedding"]
+    hits = httpx.post(f"{base}/search", json={"vector": vector, "k": 1}, timeout=60).json()
+    assert hits["results"][0]["id"] == "noise"
+
+
 # -- item 7: the precision variant is part of the identity -------------------------------------------
 
 

@@ -14,9 +14,11 @@ boundary are kept as sent), so every route compares media types one way.
   chunks), an idle timeout between chunks (408: a body shorter than its ``Content-Length``
   is answered, not waited on forever) and a budget for all bodies held at once (503 with
   ``Retry-After`` beyond it: many stalled large uploads cannot hold the memory);
-* parses a JSON body once, in a worker thread, as strict JSON (valid UTF-8, no NaN/Infinity,
-  no duplicate keys, nesting within the parser's bound), answering 400 ``BadJSON`` naming the
-  problem otherwise; routes built with :class:`PreparsedJSONRoute` take that parsed value;
+* parses a JSON body once, off the event loop (a large one in a child process, handed back in
+  slices: :mod:`.bodyjson`), as strict JSON (valid UTF-8, no NaN/Infinity, no duplicate keys,
+  nesting within the parser's bound), answering 400 ``BadJSON`` naming the problem otherwise;
+  routes built with :class:`PreparsedJSONRoute` take that parsed value, and a large one is
+  freed a slice at a time when the request ends;
 * runs the app under the request deadline (504 when it passes) and cancels it when the client
   disconnects, so that queued work whose caller is gone is dropped (see
   :mod:`themis_clip.batching`);
@@ -38,7 +40,8 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from themis_clip.jsonio import loads as strict_loads
+from themis_clip.jsonio import parse_body
+from themis_clip.server.bodyjson import OFF_PROCESS_BYTES, large_bodies
 from themis_clip.server.errors import error_response
 
 __all__ = [
@@ -111,11 +114,17 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        large_bodies().start_soon()  # the parsing process, before a large body needs it
         held = [0]  # body bytes this request holds against the budget
         try:
             await self._handle(scope, receive, send, held)
         finally:
             self.budget.give(held[0])
+            scope.pop(PARSED_JSON, None)
+            scope.pop(_RAW, None)
+            built = scope.pop(_LARGE, None)
+            if built is not None:  # freed a slice at a time, not in one cascade here
+                await large_bodies().release(built)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> None:
         started = False
@@ -152,11 +161,12 @@ class RequestGuard:
         if checked and body and _is_json(scope):
             # Parsed once, off the event loop; the routes receive this value (PreparsedJSONRoute)
             # instead of parsing the body a second time.
-            problem, value = await self._parse(body)
+            problem, value, built = await self._parse(body)
             if problem is not None:
                 await answer(400, "BadJSON", problem)
                 return
-            scope[PARSED_JSON] = value
+            scope[PARSED_JSON], scope[_LARGE], scope[_RAW] = value, built, body
+            del value
 
         disconnected = asyncio.Event()
         delivered = False
@@ -165,7 +175,8 @@ class RequestGuard:
             nonlocal delivered
             if not delivered:
                 delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
+                # bytes, as ASGI says (a preparsed route never asks: it has the body already)
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
 
@@ -207,13 +218,16 @@ class RequestGuard:
             if not app_task.done():
                 app_task.cancel()
 
-    async def _parse(self, body: bytes) -> tuple[str | None, Any]:
+    async def _parse(self, body: bytearray) -> tuple[str | None, Any, list[Any] | None]:
+        """``(problem, value, built)``; ``__call__`` releases a value with ``built``."""
         if len(body) < _OFF_LOOP_BYTES:
-            return _strict_parse(body)
+            return (*parse_body(body), None)
+        if len(body) >= OFF_PROCESS_BYTES:
+            return await large_bodies().parse(body)
         # One parser thread: the parse holds the GIL (C code), so that the event loop waits for
         # at most one parse at a time, never for several running side by side.
         async with self._parse_lock:
-            return await asyncio.to_thread(_strict_parse, body)
+            return (*await asyncio.to_thread(parse_body, body), None)
 
     def _take(self, n: int, held: list[int]) -> None:
         if not self.budget.take(n):
@@ -225,14 +239,16 @@ class RequestGuard:
 
     async def _read_body(
         self, scope: Scope, receive: Receive, deadline: float, held: list[int]
-    ) -> bytes:
+    ) -> bytearray:
+        """The whole body, grown a chunk at a time (a 20 MB ``b"".join`` at the end held the
+        event loop for 5-30 ms: the copy and the page faults of fresh memory in one go)."""
         limit = self.limits.max_body_bytes
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _TooLargeError(f"request body over {limit} bytes")
         if declared is not None and declared.isdigit():
             self._take(int(declared), held)  # reserved before a byte is buffered
-        chunks: list[bytes] = []
+        body = bytearray()
         size = 0
         while True:
             idle = self.limits.body_idle_timeout_s
@@ -252,9 +268,9 @@ class RequestGuard:
                 raise _TooLargeError(f"request body over {limit} bytes")
             if size > held[0]:  # streamed (chunked), or longer than declared
                 self._take(size - held[0], held)
-            chunks.append(chunk)
+            body += chunk
             if not message.get("more_body", False):
-                return b"".join(chunks)
+                return body
 
 
 class _TooLargeError(Exception):
@@ -265,27 +281,16 @@ class _TooLargeError(Exception):
 _OFF_LOOP_BYTES = 1 << 16
 #: the scope key under which the guard leaves a request's parsed JSON body
 PARSED_JSON = "themis.json"
+#: the large containers of a body from the child process (freed when the request ends)
+_LARGE = "themis.json.large"
+#: the raw body of a parsed JSON request (PreparsedJSONRoute hands it to Starlette)
+_RAW = "themis.body"
 
 
 def _is_json(scope: Scope) -> bool:
     content_type: bytes = dict(scope.get("headers") or []).get(b"content-type", b"")
     media = content_type.split(b";")[0].strip().lower()
     return media == b"application/json" or media.endswith(b"+json")
-
-
-def _strict_parse(body: bytes) -> tuple[str | None, Any]:
-    """``(None, value)`` for strict JSON (valid UTF-8, no NaN/Infinity, no duplicate keys,
-    nesting within the parser's bound), else ``(why, None)``."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return f"request body is not valid UTF-8 (byte {exc.start})", None
-    try:
-        return None, strict_loads(text)
-    except RecursionError:  # the C parser's own bound (about 1,000 levels)
-        return "request body is nested deeper than the JSON parser allows", None
-    except ValueError as exc:
-        return f"request body is not valid JSON: {exc}", None
 
 
 class PreparsedJSONRoute(APIRoute):
@@ -297,8 +302,10 @@ class PreparsedJSONRoute(APIRoute):
 
         async def preparsed(request: Request) -> Response:
             if PARSED_JSON in request.scope:
-                # Starlette's own cache of ``Request.json()``: FastAPI reads the body from it.
+                # Starlette's own caches of ``Request.json()`` and ``Request.body()``: FastAPI
+                # reads them, instead of joining the body again (a 20 MB copy on the loop).
                 request._json = request.scope[PARSED_JSON]
+                request._body = request.scope[_RAW]
             return await handler(request)
 
         return preparsed

@@ -1,0 +1,258 @@
+"""Large JSON bodies: parsed in a child process under the strict rules, handed back in parts,
+joined and freed a slice at a time (issue 30 item 6; the latency is bench_healthz_during_upload's
+figure, not asserted here)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import gc
+import io
+import json
+import os
+import random
+from typing import Any
+
+import pytest
+
+from themis_clip import jsonio
+from themis_clip.server import bodyjson, payloads
+from themis_clip.server.bodyjson import OFF_PROCESS_BYTES, LargeBodies
+from themis_clip.server.errors import APIError
+
+PAD = "x" * OFF_PROCESS_BYTES  # makes any body large enough for the child process
+
+
+def nested_value() -> dict[str, Any]:
+    return {
+        "items": [{"id": f"i{i}", "n": i, "tags": ["a", "b"], "m": {"k": i}} for i in range(50)],
+        "texts": [f"t{i} \u00e9\u4e2d\U0001f600" for i in range(40)],
+        "long": "0123456789abcdef" * 9 + "\ud800 lone",  # pieces; a lone surrogate crosses too
+        "big": 2**70,
+        "neg": -(2**65),
+        "float": 0.1,
+        "wide": {f"k{i}": i for i in range(30)},
+        "deep": [[[list(range(20))]]],
+        "empty": [{}, [], ""],
+    }
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiny runs and pieces, so that small values take every path of the splitting."""
+    monkeypatch.setattr(jsonio, "RUN_VALUES", 8)
+    monkeypatch.setattr(jsonio, "PIECE_CHARS", 16)
+    monkeypatch.setattr(bodyjson, "RUN_VALUES", 8)
+
+
+def test_parts_put_back_the_same_value_in_the_same_order(small_parts: None) -> None:
+    value = nested_value()
+    body = json.dumps(value).encode()
+    problem, parts, parsed = jsonio.parse_body_parts(body)
+    assert problem is None and parsed
+    tree, blobs = parts
+    assert tree[0] == "d" and len(blobs) > 20  # really cut: runs, pieces, nested large lists
+    built: list[Any] = []
+    joined = run(jsonio.join_steps(parts, built))
+    assert joined == value
+    assert json.dumps(joined) == json.dumps(value)  # key order kept
+    assert joined["big"] == 2**70 and isinstance(joined["big"], int)
+    assert joined is built[-1]  # the value last, after its large members
+    assert any(c is joined["items"] for c in built)
+
+
+def test_framing_between_the_processes(small_parts: None) -> None:
+    value = nested_value()
+    requests = io.BytesIO()
+    for body in (json.dumps(value).encode(), b'{"a": NaN}'):
+        requests.write(len(body).to_bytes(8, "big") + body)
+    requests.seek(0)
+    answers = io.BytesIO()
+    jsonio.serve_parts(requests, answers)
+    answers.seek(0)
+    problem, parts, parsed = jsonio.read_answer(answers)
+    assert problem is None and parsed and jsonio.join_parts(parts) == value
+    assert jsonio.read_answer(answers) == (
+        "request body is not valid JSON: NaN is not valid JSON",
+        None,
+        True,
+    )
+    with pytest.raises(EOFError):
+        jsonio.read_answer(answers)
+
+
+def run(steps: Any) -> Any:
+    return bodyjson.run_to_end(steps)
+
+
+@pytest.fixture
+def bodies() -> Any:
+    large = LargeBodies()
+    yield large
+    large.close()
+
+
+def parse(large: LargeBodies, body: bytes) -> tuple[str | None, Any, bool]:
+    """``(problem, value, held)``: the value is released at once, and kept as it is, since
+    the caller holds it."""
+
+    async def go() -> tuple[str | None, Any, bool]:
+        problem, value, built = await large.parse(body)
+        if built is not None:
+            await large.release(built)
+        return problem, value, built is not None
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"pad": "%s", "n": NaN}',
+        b'{"pad": "%s", "n": Infinity}',
+        b'{"pad": "%s", "n": -Infinity}',
+        b'{"pad": "%s", "pad": "again"}',
+        b'{"pad": "%s", "items": [{"id": 1, "id": 2}]}',
+        b'{"pad": "%s\xff"}',
+        b'{"pad": "%s\xed\xa0\x80"}',  # a surrogate encoded in UTF-8 is not valid UTF-8
+        b'{"pad": "%s"',
+        b'{"pad": "%s", "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"pad": "%s"} trailing',
+    ],
+    ids=[
+        "nan",
+        "inf",
+        "-inf",
+        "dup",
+        "nested-dup",
+        "utf8",
+        "surrogate-utf8",
+        "cut",
+        "deep",
+        "tail",
+    ],
+)
+def test_the_child_keeps_the_strict_rules_and_their_messages(
+    bodies: LargeBodies, body: bytes
+) -> None:
+    body = body.replace(b"%s", PAD.encode())
+    assert len(body) >= OFF_PROCESS_BYTES
+    problem, value, held = parse(bodies, body)
+    expected, _ = jsonio.parse_body(body)  # the in-process parse (small bodies, files)
+    assert expected is not None and problem == expected
+    assert value is None and not held
+
+
+def test_the_child_accepts_what_json_accepts(bodies: LargeBodies) -> None:
+    body = (
+        f'{{"pad": "{PAD}", "lone": "\\ud800", "big": {2**80}, "e": 1.5e300, "u": "\\u00e9"}}'
+    ).encode()
+    problem, value, held = parse(bodies, body)
+    assert problem is None and held
+    assert value["lone"] == "\ud800"  # a lone surrogate escape is JSON; the routes refuse it (422)
+    assert value["big"] == 2**80 and value["e"] == 1.5e300 and value["u"] == "\u00e9"
+    assert value == json.loads(body)
+
+
+def test_a_dead_child_is_replaced(bodies: LargeBodies) -> None:
+    body = json.dumps({"pad": PAD, "n": 1}).encode()
+    assert parse(bodies, body)[0] is None
+    child = bodies._child
+    assert child is not None
+    child.proc.kill()
+    child.proc.wait()
+    problem, value, _ = parse(bodies, body)
+    assert problem is None and value["n"] == 1
+    assert bodies._child is not None and bodies._child is not child
+
+
+def test_the_collector_skips_a_held_value_until_it_is_released(bodies: LargeBodies) -> None:
+    body = json.dumps({"pad": PAD, "items": [{"i": i} for i in range(10_000)]}).encode()
+    assert gc.get_freeze_count() == 0
+
+    async def go() -> None:
+        problem, value, built = await bodies.parse(body)
+        assert problem is None and built is not None
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # out of the collector's reach
+        items = value["items"]
+        del value
+        await bodies.release(built)
+        assert gc.get_freeze_count() == 0
+        assert len(items) == 10_000  # still held here: left as it was, not emptied
+
+    asyncio.run(go())
+
+
+class Counted:
+    freed = 0
+
+    def __del__(self) -> None:
+        Counted.freed += 1
+
+
+def test_release_frees_a_slice_at_a_time() -> None:
+    Counted.freed = 0
+    inner = [Counted() for _ in range(3 * bodyjson.RUN_VALUES)]
+    outer = {"items": inner, "other": [Counted()]}
+    built = [inner, outer]
+    del inner, outer
+    steps = bodyjson._drain_steps(built)
+    next(steps)  # the outer dict's first slice: its small member goes; the large one waits
+    assert Counted.freed == 1
+    next(steps)
+    assert Counted.freed == 1 + bodyjson.RUN_VALUES  # one slice of the large list
+    assert list(steps) == [None, None]  # the large list's last two slices
+    assert Counted.freed == 1 + 3 * bodyjson.RUN_VALUES
+
+
+# -- base64 a piece at a time --------------------------------------------------------------------
+
+
+def test_base64_in_pieces_is_base64(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(payloads, "_B64_PIECE", 8)
+    rng = random.Random(7)
+    for n in [*range(0, 40), 100, 1000]:
+        data = os.urandom(n)
+        text = base64.b64encode(data).decode()
+        width = rng.randint(1, 11)
+        wrapped = "\n".join(text[i : i + width] for i in range(0, len(text), width))
+        for value in (text, wrapped, " " + wrapped + "\r\n", "data:image/png;base64," + wrapped):
+            if n == 0:
+                with pytest.raises(APIError, match="empty image"):
+                    payloads.decode_image_field(value)
+            else:
+                assert payloads.decode_image_field(value) == data
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "QUJD=QUJD",
+        "QUJDRA==QUJD",
+        "QUJDRA=",
+        "QUJDR",
+        "QUJD@EFH",
+        "QUJDRA==\nQQ==",
+        "QUJD\u00e9EFG",
+    ],
+)
+def test_base64_in_pieces_refuses_what_base64_refuses(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    with pytest.raises((binascii.Error, ValueError)):
+        base64.b64decode(value.replace("\n", ""), validate=True)
+    for piece in (4, 8, 1 << 18):
+        monkeypatch.setattr(payloads, "_B64_PIECE", piece)
+        with pytest.raises(APIError, match="not valid base64"):
+            payloads.decode_image_field(value)
+
+
+def test_large_fields_are_decoded_on_the_loop_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(payloads, "_B64_PIECE", 1 << 12)
+    data = os.urandom(300_000)
+    values = [
+        "data:image/png;base64," + base64.b64encode(data).decode(),
+        base64.b64encode(b"x").decode(),
+    ]
+    assert asyncio.run(payloads.decode_image_fields(values)) == [data, b"x"]
