@@ -33,6 +33,7 @@ from bench.bench_search import fill
 from bench.embedding_data import clustered_rows
 
 from themis_clip.index.search import VectorIndex
+from themis_clip.index.searchers import pgtuning
 from themis_clip.index.searchers.pgtuning import EF_SWEEP
 from themis_clip.index.searchers.postgres import PgSearcher
 from themis_clip.index.settings import GraphSettings
@@ -78,6 +79,12 @@ def main() -> None:
         "--pg-build", default="pgvector 0.6", choices=["pgvector 0.6", "pgvector 0.8"]
     )
     parser.add_argument("--out", default="bench/pg-tuner-results.jsonl")
+    parser.add_argument(
+        "--scales",
+        default="",
+        help="comma-separated probe scales to run the tuner again with on the same index "
+        "(its choice for each, beside the held-out curve)",
+    )
     args = parser.parse_args()
     from tests.pg import running_server
 
@@ -121,6 +128,21 @@ def main() -> None:
                 cheapest = point
             if cheapest is not None and ef >= chosen:
                 break
+        others: list[dict[str, Any]] = []
+        for scale in [float(x) for x in args.scales.split(",") if x]:
+            again = pgtuning.measure_ef_search(pg, settings, args.n, scale=scale)
+            ef = again.expansion_search
+            assert ef is not None
+            while not any(p["ef_search"] == ef for p in curve):  # the held-out curve up to it
+                curve.append(held_out_point(pg, EF_SWEEP[len(curve)], queries, kth))
+            held = next(p for p in curve if p["ef_search"] == ef)
+            sweep = again.steps[0]["sweep"]
+            others.append({"scale": scale, "chosen_ef": ef, "held_out": held, "probe_sweep": sweep})
+            print(
+                f"  probes moved {scale:g}x: chose {ef} (probes {again.recall_at_10:.4f}; "
+                f"held-out there {held['recall_at_10']:.4f}, {held['p50_ms']:.2f} ms); "
+                + ", ".join(f"{p['expansion_search']}: {p['recall_at_10']:.4f}" for p in sweep)
+            )
         at_chosen = next(p for p in curve if p["ef_search"] == chosen)
         result: dict[str, Any] = {
             "n": args.n,
@@ -136,6 +158,7 @@ def main() -> None:
             "chosen_held_out": at_chosen,
             "probe_sweep": plan.steps[0]["sweep"],
             "held_out_sweep": curve,
+            "other_scales": others,
         }
         if cheapest is not None:
             result["cheapest_ef"] = cheapest["ef_search"]
