@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import gc
 import io
 import json
 import os
 import random
+import signal
 from typing import Any
 
 import pytest
@@ -164,6 +166,28 @@ def test_a_dead_child_is_replaced(bodies: LargeBodies) -> None:
     child.proc.wait()
     problem, value, _ = parse(bodies, body)
     assert problem is None and value["n"] == 1
+    assert bodies._child is not None and bodies._child is not child
+
+
+def test_a_stopped_child_is_killed_and_replaced(
+    bodies: LargeBodies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = json.dumps({"pad": PAD, "n": 2}).encode()
+    assert parse(bodies, body)[0] is None
+    child = bodies._child
+    assert child is not None
+    monkeypatch.setattr(bodyjson, "ANSWER_TIMEOUT_S", 0.5)
+    os.kill(child.proc.pid, signal.SIGSTOP)  # wedged: alive, never answering
+    try:
+        problem, value, _ = parse(bodies, body)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.proc.pid, signal.SIGCONT)
+    assert problem is None and value["n"] == 2  # answered (by a new child or in-process)
+    assert child.proc.wait(timeout=10) == -signal.SIGKILL
+    monkeypatch.setattr(bodyjson, "ANSWER_TIMEOUT_S", 15.0)  # a new child's start-up fits
+    problem, value, held = parse(bodies, body)
+    assert problem is None and value["n"] == 2 and held
     assert bodies._child is not None and bodies._child is not child
 
 

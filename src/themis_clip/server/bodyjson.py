@@ -39,6 +39,7 @@ import themis_clip
 from themis_clip.jsonio import RUN_VALUES, join_steps, parse_body, read_answer
 
 __all__ = [
+    "ANSWER_TIMEOUT_S",
     "OFF_PROCESS_BYTES",
     "SLICE_S",
     "LargeBodies",
@@ -51,6 +52,10 @@ __all__ = [
 OFF_PROCESS_BYTES = 1 << 20
 #: the event loop runs other callbacks at least this often while it joins or frees a value
 SLICE_S = 0.002
+#: a child that has not answered within this many seconds is killed and replaced (a 20 MB
+#: body of the costliest shape takes it ~3 s on a loaded core; a stopped or wedged child
+#: would otherwise hold every large body after it, since they are asked one at a time)
+ANSWER_TIMEOUT_S = 15.0
 
 _T = TypeVar("_T")
 
@@ -123,12 +128,29 @@ class _Child:
         )
 
     def ask(self, body: bytes | bytearray) -> tuple[str | None, Any, bool]:
+        """The child's answer for ``body``; a child silent for :data:`ANSWER_TIMEOUT_S` is
+        killed, which ends the read with ``EOFError`` (or ``OSError`` on the write)."""
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
-        self.proc.stdin.write(len(body).to_bytes(8, "big"))
-        self.proc.stdin.write(body)
-        self.proc.stdin.flush()
-        return read_answer(self.proc.stdout)
+        watchdog = threading.Timer(ANSWER_TIMEOUT_S, self._wedged)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            self.proc.stdin.write(len(body).to_bytes(8, "big"))
+            self.proc.stdin.write(body)
+            self.proc.stdin.flush()
+            return read_answer(self.proc.stdout)
+        finally:
+            watchdog.cancel()
+
+    def _wedged(self) -> None:
+        log.warning(
+            "the JSON parsing process (pid %d) gave no answer in %.0f s: killing it",
+            self.proc.pid,
+            ANSWER_TIMEOUT_S,
+        )
+        with contextlib.suppress(OSError):
+            self.proc.kill()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
