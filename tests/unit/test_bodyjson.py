@@ -12,6 +12,7 @@ import gc
 import io
 import json
 import os
+import pickle
 import random
 import signal
 from typing import Any
@@ -62,6 +63,37 @@ def test_parts_put_back_the_same_value_in_the_same_order(small_parts: None) -> N
     assert joined["big"] == 2**70 and isinstance(joined["big"], int)
     assert joined is built[-1]  # the value last, after its large members
     assert any(c is joined["items"] for c in built)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        list(range(50)),  # scalars: runs cut without a loop in Python
+        [True, None, 1.5, "s", -3] * 9,
+        [f"t{i}" for i in range(30)],
+        [f"t{i}" for i in range(30)] + ["a string longer than a piece"],  # the long one split
+        [{"a": i, "b": f"s{i}", "c": None} for i in range(40)],  # small flat dicts: runs
+        [{"a": i} for i in range(20)] + [{"a": "a string longer than a piece"}],
+        [{"a": i} for i in range(20)] + [{"a": [1, 2]}],  # not flat: member by member
+        [{f"k{j}": j for j in range(9)} for _ in range(5)],  # dicts wider than a run
+        [{}, {}, {}] * 5,
+    ],
+)
+def test_flat_lists_cross_in_runs_and_come_back_equal(small_parts: None, value: Any) -> None:
+    body = json.dumps({"x": value}).encode()
+    problem, parts, parsed = jsonio.parse_body_parts(body)
+    assert problem is None and parsed
+    tree, blobs = parts
+    assert tree[0] == "d" and len(blobs) >= 2  # cut into parts
+    joined = run(jsonio.join_steps(parts))
+    assert joined == {"x": value}
+    assert json.dumps(joined) == json.dumps({"x": value})
+    for blob in blobs:  # no part holds more than a run's values or a piece's characters
+        part = pickle.loads(blob)
+        if isinstance(part, str):
+            assert len(part) <= 16
+        elif isinstance(part, list):
+            assert sum(len(m) + 1 if isinstance(m, dict) else 1 for m in part) <= 8 + 10, part
 
 
 def test_framing_between_the_processes(small_parts: None) -> None:
