@@ -307,6 +307,45 @@ def test_request_bodies_held_at_once_have_a_budget(tiny_model_dir: Path) -> None
         assert r.status_code in (413, 415, 422), r.text
 
 
+def test_slow_bodies_hold_the_budget_by_what_they_sent_not_by_what_they_declare(
+    tiny_model_dir: Path,
+) -> None:
+    """Clients that declare large bodies and send a trickle hold about 1 MiB each, not the
+    size they declared: an upload beside them still fits in the budget (tryout: 14 clients
+    declaring 19 MB at a byte a second refused every real upload for 30 s)."""
+    args = ["--model", str(tiny_model_dir), "--no-warmup", "--max-bodies-mb", "8"]
+    args += ["--max-body-mb", "8", "--body-idle-timeout-s", "60"]
+    head = (
+        b"POST /embed/image HTTP/1.1\r\n" + HOST + b"Content-Type: image/png\r\n"
+        b"Content-Length: 7000000\r\n\r\n"
+    )
+    with ServerProcess(args) as server:
+        port = port_of(server)
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        try:
+            for s in slow:
+                s.sendall(head + b"\x89PNG")  # 7 MB declared each: 21 MB against 8 MB
+            # A 3 MB upload fits beside them (about 3 MiB held by the three).
+            r = httpx.post(
+                f"{server.base}/embed/image",
+                content=b"x" * 3_000_000,
+                headers={"Content-Type": "image/png"},
+                timeout=60,
+            )
+            assert r.status_code in (413, 415, 422), r.text  # read whole; not a 503
+            # Bytes that do arrive are held: 6 MB does not fit beside their ~3 MiB.
+            r = httpx.post(
+                f"{server.base}/embed/image",
+                content=b"x" * 6_000_000,
+                headers={"Content-Type": "image/png"},
+                timeout=60,
+            )
+            assert r.status_code == 503 and r.json()["error"]["type"] == "ServerBusy", r.text
+        finally:
+            for s in slow:
+                s.close()
+
+
 def test_admin_without_keys_refuses_before_the_body(server: ServerProcess) -> None:
     """The open loopback demo too: ``/admin/*`` answers at once, no ``100 Continue``."""
     head = (

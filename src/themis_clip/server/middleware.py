@@ -246,8 +246,12 @@ class RequestGuard:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _TooLargeError(f"request body over {limit} bytes")
+        ceiling = int(declared) if declared is not None and declared.isdigit() else limit
         if declared is not None and declared.isdigit():
-            self._take(int(declared), held)  # reserved before a byte is buffered
+            # Reserved before a byte is buffered, but no more than RESERVED_AHEAD beyond what
+            # has arrived: a client that declares 19 MB and sends a byte a second would
+            # otherwise hold 19 MB of the budget for the whole request timeout.
+            self._take(min(int(declared), RESERVED_AHEAD), held)
         body = bytearray()
         size = 0
         while True:
@@ -266,8 +270,8 @@ class RequestGuard:
             size += len(chunk)
             if size > limit:
                 raise _TooLargeError(f"request body over {limit} bytes")
-            if size > held[0]:  # streamed (chunked), or longer than declared
-                self._take(size - held[0], held)
+            if size > held[0]:  # past the reservation: what arrived, and the next stretch
+                self._take(size - held[0] + max(0, min(RESERVED_AHEAD, ceiling - size)), held)
             body += chunk
             if not message.get("more_body", False):
                 return body
@@ -275,6 +279,10 @@ class RequestGuard:
 
 class _TooLargeError(Exception):
     pass
+
+
+#: body bytes a request may hold against the budget beyond those it has sent
+RESERVED_AHEAD = 1 << 20
 
 
 #: bodies from this size on are parsed in a worker thread (smaller ones parse in microseconds)
