@@ -136,6 +136,12 @@ def test_arithmetic_ranks_as_the_models_own_vectors_say(client: httpx.Client) ->
     assert "weight" in error(c, 422, query=[{"text": "x", "weight": 0}])
     assert error(c, 422, query=[])
     assert "components" in error(c, 422, query=[{"text": "x"}, {"vector": [1.0, 2.0]}])
+    # Huge float32 components are fine (their norm overflowed float32: a 422 before) ...
+    huge = search(c, k=3, query=[{"vector": (q * 1e37).tolist()}])
+    assert [r["id"] for r in huge["results"]] == [r["id"] for r in by_vector["results"]]
+    # ... and what float32 cannot hold is named as such.
+    assert "finite 32-bit" in error(c, 422, vector=[1e200] * len(q))
+    assert "round to zero" in error(c, 422, vector=[1e-200] * len(q))
 
 
 def unit_rows(m: np.ndarray) -> np.ndarray:

@@ -210,9 +210,19 @@ def _combined(
                     "ValidationError",
                     f"{where}: {vector.size} components; this index's vectors have {dim}",
                 )
-            norm = float(np.linalg.norm(vector))
-            if not np.isfinite(norm) or norm == 0:
-                raise APIError(422, "ValidationError", f"{where} must be finite and non-zero")
+            if not np.isfinite(vector).all():
+                raise APIError(
+                    422,
+                    "ValidationError",
+                    f"{where}: components must be finite 32-bit floats (at most 3.4e38 in size)",
+                )
+            if not vector.any():
+                raise APIError(
+                    422,
+                    "ValidationError",
+                    f"{where}: all components are zero as 32-bit floats "
+                    "(values under 1.2e-38 in size round to zero)",
+                )
         vectors.append((vector, part.weight))
     return combine(vectors)
 
