@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import sys
 from collections.abc import Generator, Sequence
 from itertools import chain
 from pathlib import Path
@@ -92,6 +93,9 @@ def parse_body(body: bytes | bytearray) -> tuple[str | None, Any]:
     except RecursionError:  # the C parser's own bound (about 1,000 levels)
         return "request body is nested deeper than the JSON parser allows", None
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's own hint is not for clients
+            limit = sys.get_int_max_str_digits()
+            return f"request body holds an integer of more than {limit} digits", None
         return f"request body is not valid JSON: {exc}", None
 
 

@@ -11,6 +11,7 @@ errors were plain-text 400s; ``Multipart/Form-Data`` was not recognised.
 from __future__ import annotations
 
 import ctypes
+import gzip
 import json
 import os
 import socket
@@ -344,6 +345,26 @@ def test_slow_bodies_hold_the_budget_by_what_they_sent_not_by_what_they_declare(
         finally:
             for s in slow:
                 s.close()
+
+
+def test_a_content_coding_is_refused_by_name(server: ServerProcess) -> None:
+    """A gzip body read as plain JSON was a 400 'not valid UTF-8 (byte 1)'; a plain body
+    claiming gzip was read as it is (tryout)."""
+    body = gzip.compress(json.dumps({"text": "a red circle"}).encode())
+    for coding in ("gzip", "br"):
+        r = httpx.post(
+            f"{server.base}/embed/text",
+            content=body,
+            headers={"Content-Type": "application/json", "Content-Encoding": coding},
+        )
+        assert r.status_code == 415, r.text
+        assert coding in r.json()["error"]["message"]
+    r = httpx.post(
+        f"{server.base}/embed/text",
+        json={"text": "a red circle"},
+        headers={"Content-Encoding": "identity"},
+    )
+    assert r.status_code == 200, r.text
 
 
 def test_admin_without_keys_refuses_before_the_body(server: ServerProcess) -> None:

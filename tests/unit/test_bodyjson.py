@@ -189,6 +189,13 @@ def test_the_child_accepts_what_json_accepts(bodies: LargeBodies) -> None:
     assert value == json.loads(body)
 
 
+def test_huge_integers_are_named_without_pythons_hint(bodies: LargeBodies) -> None:
+    for body in (b'{"n": ' + b"7" * 5000 + b"}", f'{{"pad": "{PAD}", "n": {"7" * 5000}}}'.encode()):
+        problem, _, _ = parse(bodies, body) if len(body) > 10_000 else (*jsonio.parse_body(body), 0)
+        assert problem is not None and "integer of more than" in problem
+        assert "sys." not in problem
+
+
 def test_a_dead_child_is_replaced(bodies: LargeBodies) -> None:
     body = json.dumps({"pad": PAD, "n": 1}).encode()
     assert parse(bodies, body)[0] is None

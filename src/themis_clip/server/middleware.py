@@ -372,6 +372,19 @@ class StrictFraming:
             response = error_response(400, "BadRequest", problem, {"Connection": "close"})
             await response(scope, receive, send)
             return
+        coded = [
+            v for k, v in headers if k == b"content-encoding" and v.strip().lower() != b"identity"
+        ]
+        if coded:  # RFC 9110 8.4.1: a coding the server does not apply is a 415
+            name = coded[0].decode("latin-1").strip()[:40]
+            response = error_response(
+                415,
+                "UnsupportedMediaType",
+                f"Content-Encoding {name!r} is not supported: send the body uncompressed",
+                {"Connection": "close", "Accept-Encoding": "identity"},
+            )
+            await response(scope, receive, send)
+            return
         if b"content-type" in names:
             i = names.index(b"content-type")
             media, sep, params = headers[i][1].partition(b";")
