@@ -121,6 +121,7 @@ def test_metadata_that_would_poison_the_index_is_refused_naming_the_problem(
         ('{"n": NaN}', 400, "BadJSON", "NaN is not valid JSON"),
         ('{"n": Infinity}', 400, "BadJSON", "Infinity is not valid JSON"),
         ('{"n": "\\ud83d"}', 422, "MetadataError", "items[0].metadata.n: not valid Unicode"),
+        ('{"n": "ab\\udc00"}', 422, "MetadataError", "lone surrogate \\udc00 at character 2"),
         ('{"\\udc00": 1}', 422, "MetadataError", "not valid Unicode"),
         ('{"a": ' * 9 + "1" + "}" * 9, 422, "MetadataError", "deeper than 8 levels"),
         ('{"s": "%s"}' % ("x" * 20000), 422, "MetadataError", "more than 16384"),

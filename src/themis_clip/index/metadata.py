@@ -54,9 +54,11 @@ LIMITS = MetadataLimits()
 def _check_text(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:
+    except UnicodeEncodeError as exc:
+        lone = ord(text[exc.start])
         raise MetadataError(
-            f"{where}: not valid Unicode (a lone surrogate such as \\ud83d cannot be stored)"
+            f"{where}: not valid Unicode (the lone surrogate \\u{lone:04x} at character "
+            f"{exc.start} cannot be stored)"
         ) from None
 
 
