@@ -208,6 +208,11 @@ def test_error_paths(client: TestClient, model_root: Path, tmp_path: Path) -> No
     error(client.post("/search", json={"vector": [0.0] * 32}), 422, "ValidationError")
     error(client.get("/no/such/route"), 404, "NotFound")
     error(client.delete("/healthz"), 405, "MethodNotAllowed")
+    # JSON sent as a form (curl -d without -H) is told why it was not read.
+    for media in ("application/x-www-form-urlencoded", "text/plain"):
+        r = client.post("/embed/text", content=b'{"text": "a"}', headers={"Content-Type": media})
+        assert r.status_code == 422
+        assert f"Content-Type is '{media}'" in r.json()["error"]["message"], r.text
 
 
 def test_admin_reload_security(client: TestClient, model_root: Path, tmp_path: Path) -> None:

@@ -166,7 +166,16 @@ def install_error_handlers(app: FastAPI, metrics: Metrics, request_timeout_s: fl
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, kind, message = validation_message(list(exc.errors()))
+        problems = list(exc.errors())
+        status, kind, message = validation_message(problems)
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        whole_body = any(tuple(p.get("loc", ())) == ("body",) for p in problems)
+        if whole_body and media != "application/json" and not media.endswith("+json"):
+            shown = repr(media[:60]) if media else "none"
+            message += (
+                f" (the body is read as JSON only with Content-Type: application/json; "
+                f"this request's Content-Type is {shown})"
+            )
         metrics.errors.labels(route_of(request), kind).inc()
         return error_response(status, kind, message)
 
