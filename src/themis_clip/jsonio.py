@@ -18,7 +18,9 @@ import sys
 from collections.abc import Generator, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+_T = TypeVar("_T")
 
 __all__ = [
     "PIECE_CHARS",
@@ -31,6 +33,7 @@ __all__ = [
     "parse_body_parts",
     "read",
     "read_answer",
+    "run_to_end",
     "serve_parts",
 ]
 
@@ -281,14 +284,19 @@ def _join_tree(
     return members
 
 
-def join_parts(parts: tuple[Any, Sequence[bytes | memoryview]]) -> Any:
-    """:func:`join_steps` in one go."""
-    steps = join_steps(parts)
+def run_to_end(steps: Generator[None, None, _T]) -> _T:
+    """Drive ``steps`` (a generator of work, yielding between short pieces) in one go."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            return done.value
+            result: _T = done.value
+            return result
+
+
+def join_parts(parts: tuple[Any, Sequence[bytes | memoryview]]) -> Any:
+    """:func:`join_steps` in one go."""
+    return run_to_end(join_steps(parts))
 
 
 def serve_parts(source: IO[bytes], sink: IO[bytes]) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import themis_clip
-from themis_clip.jsonio import RUN_VALUES, join_steps, parse_body, read_answer
+from themis_clip.jsonio import RUN_VALUES, join_steps, parse_body, read_answer, run_to_end
 
 __all__ = [
     "ANSWER_TIMEOUT_S",
@@ -84,16 +84,6 @@ def _drain_steps(built: list[Any]) -> Generator[None, None, None]:
                     del obj[key]
                 yield
         del obj
-
-
-def run_to_end(steps: Generator[None, None, _T]) -> _T:
-    """Drive ``steps`` (a generator of work, yielding between short pieces) in one go."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: _T = done.value
-            return result
 
 
 async def run_in_slices(steps: Generator[None, None, _T]) -> _T:
