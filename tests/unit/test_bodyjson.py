@@ -319,3 +319,122 @@ def test_large_fields_are_decoded_on_the_loop_in_pieces(monkeypatch: pytest.Monk
         base64.b64encode(b"x").decode(),
     ]
     assert asyncio.run(payloads.decode_image_fields(values)) == [data, b"x"]
+
+
+def test_base64_in_pieces_is_written_into_one_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoded pieces go into the result's own buffer: a list of pieces joined at the end
+    held the whole image twice, and copied it in one call that holds the GIL."""
+    import tracemalloc
+
+    monkeypatch.setattr(payloads, "_B64_PIECE", 1 << 16)
+    data = os.urandom(4_000_000)
+    text = "data:image/jpeg;base64," + base64.b64encode(data).decode()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        decoded = payloads.decode_image_field(text)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert decoded == data
+    assert peak < 1.2 * len(data), peak  # the result and a piece or two, not the image twice
+    # whitespace and padding leave the estimate long: the result is cut to the real length
+    wrapped = "\n".join(text[i : i + 76] for i in range(0, len(text), 76))
+    assert payloads.decode_image_field(wrapped + "\r\n") == data
+    assert payloads.decode_image_field(base64.b64encode(b"abcde").decode()) == b"abcde"
+
+
+def test_sliced_work_shares_one_slice_per_loop_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many requests join or free values at once, the loop gets back after SLICE_S of
+    their work in all (each job slicing on its own let four bodies take four slices in one
+    turn, and a /healthz probe waited for all of them)."""
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(bodyjson, "time", clock)
+    log: list[str] = []
+
+    def job(name: str) -> Any:
+        for _ in range(12):
+            clock.now += bodyjson.SLICE_S / 4  # each step costs a quarter of a slice
+            log.append(name)
+            yield
+        return name
+
+    async def main() -> list[str]:
+        done = False
+
+        async def probe() -> None:
+            while not done:
+                log.append("probe")
+                await asyncio.sleep(0)
+
+        prober = asyncio.ensure_future(probe())
+        await asyncio.sleep(0)
+        results = await asyncio.gather(*(bodyjson.run_in_slices(job(f"j{i}")) for i in range(4)))
+        done = True
+        await prober
+        return results
+
+    assert asyncio.run(main()) == ["j0", "j1", "j2", "j3"]
+    runs, current = [], 0
+    for entry in log:
+        if entry == "probe":
+            runs.append(current)
+            current = 0
+        else:
+            current += 1
+    assert sum(runs) + current == 4 * 12
+    assert max(runs) <= 4, runs  # one slice (4 steps) of work between two turns of the probe
+    assert set(log[log.index("j0") : log.index("j0") + 8]) > {"j0", "j1"}  # in turn, round robin
+
+
+def test_an_abandoned_sliced_job_stops_and_a_failing_one_raises_where_awaited() -> None:
+    steps_run: list[int] = []
+
+    def endless() -> Any:
+        while True:
+            steps_run.append(1)
+            yield
+
+    def failing() -> Any:
+        yield
+        raise ValueError("bad piece")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(bodyjson.run_in_slices(endless()))
+        while not steps_run:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seen = len(steps_run)
+        with pytest.raises(ValueError, match="bad piece"):
+            await bodyjson.run_in_slices(failing())
+        assert len(steps_run) <= seen + 1  # the cancelled job was dropped, not driven on
+        freed: list[int] = []
+
+        def freeing() -> Any:
+            for i in range(3):
+                freed.append(i)
+                yield
+
+        kept = asyncio.ensure_future(bodyjson.run_in_slices(freeing(), finish=True))
+        while not freed:
+            await asyncio.sleep(0)
+        kept.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await kept  # the caller stops waiting; the work itself still runs to its end
+        for _ in range(100):
+            if len(freed) == 3:
+                break
+            await asyncio.sleep(0)
+        assert freed == [0, 1, 2]
+
+    asyncio.run(main())

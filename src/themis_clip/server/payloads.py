@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 from collections.abc import Generator
 
 from themis_clip.interface import EmbeddingResult
@@ -75,8 +76,16 @@ def _image_steps(value: str) -> Generator[None, None, bytes]:
 def _b64_steps(value: str, start: int) -> Generator[None, None, bytes]:
     """Strict base64 (whitespace ignored) of ``value[start:]``, a piece at a time. Padding
     may only end the data: a piece is checked on its own, so '=' followed by more is refused
-    here."""
-    out: list[bytes] = []
+    here.
+
+    The pieces are written into one buffer made up front (``bytes(n)``: zeroed pages the
+    system maps only when written), each into its own place, and that buffer is the result:
+    a join at the end would copy every byte again in one call that holds the GIL (~10 ms for
+    15 MB, most of it faulting in fresh pages), stalling the event loop that long.
+    """
+    # io.BytesIO writes into the bytes object it was given while it holds the only reference,
+    # and getvalue() returns that object (copied only where the runtime cannot share it).
+    out = io.BytesIO(bytes((len(value) - start) // 4 * 3))
     carry, padded = "", False
     for i in range(start, len(value), _B64_PIECE):
         piece = value[i : i + _B64_PIECE]
@@ -90,11 +99,12 @@ def _b64_steps(value: str, start: int) -> Generator[None, None, bytes]:
         if padded:
             raise binascii.Error("data after the padding")
         padded = "=" in piece[-2:]
-        out.append(base64.b64decode(piece, validate=True))
+        out.write(base64.b64decode(piece, validate=True))
         yield
     if carry:
         raise binascii.Error("incorrect padding")
-    return b"".join(out)
+    out.truncate()  # whitespace and padding made it shorter than the estimate
+    return out.getvalue()
 
 
 async def decode_image_fields(values: list[str]) -> list[bytes]:
