@@ -438,3 +438,23 @@ def test_an_abandoned_sliced_job_stops_and_a_failing_one_raises_where_awaited() 
         assert freed == [0, 1, 2]
 
     asyncio.run(main())
+
+
+def test_a_long_string_is_grown_a_piece_at_a_time() -> None:
+    """Each piece is appended and dropped: the pieces are never all held beside the result
+    (a join at the end held the string twice and copied it in one call holding the GIL)."""
+    import tracemalloc
+
+    text = base64.b64encode(os.urandom(6_000_000)).decode()
+    problem, parts, parsed = jsonio.parse_body_parts(json.dumps({"image": text}).encode())
+    assert problem is None and parsed
+    assert parts is not None and parts[0][0] == "d"  # cut into pieces, not sent whole
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        value = jsonio.join_parts(parts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert value == {"image": text}
+    assert peak < len(text) + 3 * jsonio.PIECE_CHARS, (peak, len(text))
