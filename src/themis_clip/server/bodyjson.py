@@ -9,15 +9,16 @@ structure (30-100 ms each) cost more than the parse; freeing that value again to
 in one cascade of deallocations.
 
 So a body from :data:`OFF_PROCESS_BYTES` on is parsed by the one strict parser
-(:func:`themis_clip.jsonio.parse_body`) in a child process, which sends back the value cut
-into parts of at most ``jsonio.RUN_VALUES`` values each (long strings in pieces of
-``jsonio.PIECE_CHARS`` characters). Here the parts are joined in a worker thread, each
-an unpickling of microseconds to a millisecond, so the event loop gets the GIL between them;
-the collector is paused while they are joined and the result is frozen out of its reach
-(``gc.freeze``) until :func:`release` frees it, also a slice at a time, when the request
-ends. The rules and the messages are those of the in-process parse: the same function runs in
-the child. Where the child cannot help (a value nested too deeply to pickle, or a child that
-died), the body is parsed in this process as before.
+(:func:`themis_clip.jsonio.parse_body`) in a child process, which sends back the value cut into
+parts of at most ``jsonio.RUN_VALUES`` values each (long strings in pieces of
+``jsonio.PIECE_CHARS`` characters). Here the parts are joined on the event loop itself, each
+step an unpickling of microseconds to a millisecond, and one :class:`_Slicer` per loop gives
+all requests' steps together :data:`SLICE_S` per loop turn; the collector is paused while they
+are joined and the result is frozen out of its reach (``gc.freeze``) until :func:`release`
+frees it, also a slice at a time, when the request ends. The rules and the messages are those
+of the in-process parse: the same function runs in the child. Where the child cannot help (a
+value nested too deeply to pickle, or a child that died), the body is parsed in this process as
+before.
 """
 
 from __future__ import annotations
