@@ -458,3 +458,21 @@ def test_a_long_string_is_grown_a_piece_at_a_time() -> None:
         tracemalloc.stop()
     assert value == {"image": text}
     assert peak < len(text) + 3 * jsonio.PIECE_CHARS, (peak, len(text))
+
+
+def test_a_slicer_lives_only_while_it_has_work() -> None:
+    def two() -> Any:
+        yield
+        return 2
+
+    async def main() -> int:
+        result = await bodyjson.run_in_slices(two())
+        for _ in range(10):  # the driver's last turn ends after the job's result is set
+            if not bodyjson._slicers:
+                break
+            await asyncio.sleep(0)
+        assert not bodyjson._slicers
+        return result
+
+    assert asyncio.run(main()) == 2
+    assert asyncio.run(main()) == 2  # a second loop gets its own

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -95,7 +94,8 @@ class _Slicer:
     (Each job slicing on its own let four concurrent 20 MB bodies take a slice each in the
     same loop iteration, and a probe waited for all four.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self._jobs: deque[tuple[Generator[None, None, Any], asyncio.Future[Any]]] = deque()
         self._driver: asyncio.Task[None] | None = None
 
@@ -115,6 +115,8 @@ class _Slicer:
                 await asyncio.sleep(0)
         finally:
             self._driver = None
+            if _slicers.get(self._loop) is self:
+                del _slicers[self._loop]  # a slicer lives while it has work (no loop is kept)
             for steps, done in self._jobs:  # the loop is closing: nothing will drive these
                 steps.close()
                 done.cancel()
@@ -132,15 +134,17 @@ class _Slicer:
         except StopIteration as finished:
             done.set_result(finished.value)
             return
-        except Exception as exc:  # the job's own error, raised where it is awaited
+        except BaseException as exc:  # the job's own error, raised where it is awaited
             done.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt and the like end the driver too
             return
         self._jobs.append((steps, done))
 
 
-_slicers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slicer] = (
-    weakref.WeakKeyDictionary()
-)
+#: each event loop's slicer, while it has work (its entry goes when its queue runs dry, so no
+#: closed loop is kept)
+_slicers: dict[asyncio.AbstractEventLoop, _Slicer] = {}
 
 
 async def run_in_slices(steps: Generator[None, None, _T], *, finish: bool = False) -> _T:
@@ -152,7 +156,7 @@ async def run_in_slices(steps: Generator[None, None, _T], *, finish: bool = Fals
     loop = asyncio.get_running_loop()
     slicer = _slicers.get(loop)
     if slicer is None:
-        slicer = _slicers[loop] = _Slicer()
+        slicer = _slicers[loop] = _Slicer(loop)
     done = slicer.submit(steps)
     return await (asyncio.shield(done) if finish else done)
 
