@@ -6,7 +6,9 @@ Starts a real ``themis-clip serve`` on the demo model, then, while one process p
 ``--shape``: ``image`` (one base64 data URL, the common large body), ``texts`` (many short
 strings) or ``objects`` (many small objects in one array: the parser's worst case). Reports
 the probes' median and worst latency during the uploads (the requests' own answers do not
-matter: random bytes are refused as not an image).
+matter: random bytes are refused as not an image), and the server's own event-loop lag over
+the same time (``themis_event_loop_lag_seconds`` from ``/metrics``, before and after): the
+probes' figure includes the machine's contention, the lag only the loop's own stalls.
 
 Each round starts a fresh server, sends one large body first (what a first large body starts,
 such as the parsing process, is not what is measured), then the concurrent ones. ``--before
@@ -84,7 +86,7 @@ def probe_loop(port: int, stop_file: Path, out: Any) -> None:
 
 def run_round(
     src: str, shape: str, mb: float, bodies: int, tmp: str
-) -> tuple[list[float], list[int], int]:
+) -> tuple[list[float], list[int], int, dict[float, float] | None]:
     """One server from ``src`` (a ``src`` folder: its ``themis_clip`` is served), ``bodies``
     concurrent uploads while a separate process probes: (probe waits, statuses, body bytes)."""
     env = {"PYTHONPATH": str(Path(src).resolve())}
@@ -118,6 +120,7 @@ def run_round(
 
         with httpx.Client(base_url=server.base, timeout=120) as c:  # the first large body
             c.post(route, content=body, headers=headers)  # starts what it needs (a child)
+            lag_before = loop_lag(c)
         prober = threading.Thread(target=probe)
         prober.start()
         started.wait()
@@ -126,7 +129,39 @@ def run_round(
             list(pool.map(upload, range(bodies)))
         stop_file.touch()
         prober.join()
-        return waits, statuses, len(body)
+        with httpx.Client(base_url=server.base, timeout=120) as c:
+            lag_after = loop_lag(c)
+        lag = None
+        if lag_before is not None and lag_after is not None:
+            lag = {le: lag_after[le] - lag_before.get(le, 0) for le in lag_after}
+        return waits, statuses, len(body), lag
+
+
+def loop_lag(client: httpx.Client) -> dict[float, float] | None:
+    """The server's own ``themis_event_loop_lag_seconds`` buckets (cumulative counts by upper
+    bound), None for a tree that has no such metric."""
+    found: dict[float, float] = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("themis_event_loop_lag_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            found[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return found or None
+
+
+def lag_summary(lags: list[dict[float, float] | None]) -> str:
+    """How many of the server's loop-lag readings during the uploads were over 10 / 20 ms, and
+    the bucket of the worst (a reading is the stall less at most the timer's 5 ms period)."""
+    if any(lag is None for lag in lags):
+        return "no loop-lag metric"
+    over10 = over20 = 0.0
+    worst = 0.0
+    for lag in lags:
+        assert lag is not None
+        total = lag[float("inf")]
+        over10 += total - lag[0.01]
+        over20 += total - lag[0.02]
+        worst = max(worst, min(le for le, n in lag.items() if n == total))
+    return f"server loop lag: {over10:.0f} readings over 10 ms, {over20:.0f} over 20 ms, worst <= {worst * 1e3:g} ms"
 
 
 def summary(ms: list[float]) -> str:
@@ -153,13 +188,15 @@ def main() -> None:
     variants = [("after", args.src)] + ([("before", args.before)] if args.before else [])
     for shape in args.shape.split(","):
         found: dict[str, list[list[float]]] = {label: [] for label, _ in variants}
+        lags: dict[str, list[dict[float, float] | None]] = {label: [] for label, _ in variants}
         statuses: dict[str, set[int]] = {label: set() for label, _ in variants}
         size = 0
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds):
                 for label, src in variants if r % 2 == 0 else variants[::-1]:
-                    waits, got, size = run_round(src, shape, args.mb, args.bodies, tmp)
+                    waits, got, size, lag = run_round(src, shape, args.mb, args.bodies, tmp)
                     found[label].append([w * 1000 for w in waits])
+                    lags[label].append(lag)
                     statuses[label].update(got)
         print(f"{args.bodies} x {size / 1e6:.2f} MB {shape} bodies, {args.rounds} rounds")
         for label, rounds in found.items():
@@ -167,7 +204,8 @@ def main() -> None:
             every = [w for ms in rounds for w in ms]
             print(
                 f"  {label:6s} healthz during uploads: {summary(every)} (worst per round: "
-                f"{worst}); upload statuses {sorted(statuses[label])}"
+                f"{worst}); upload statuses {sorted(statuses[label])}; "
+                f"{lag_summary(lags[label])}"
             )
 
 

@@ -89,6 +89,7 @@ def test_health_ready_stats_metrics_docs_page(client: TestClient) -> None:
     metrics = client.get("/metrics").text
     assert 'themis_requests_total{route="/embed/text",status="200"} 1.0' in metrics
     assert "themis_batch_size_bucket" in metrics and "themis_queue_depth" in metrics
+    assert "themis_event_loop_lag_seconds_bucket" in metrics
     assert client.get("/openapi.json").json()["info"]["title"] == "themis-clip"
     assert client.get("/docs").status_code == 200
     assert '<form id="form">' in client.get("/").text

@@ -476,3 +476,29 @@ def test_a_slicer_lives_only_while_it_has_work() -> None:
 
     assert asyncio.run(main()) == 2
     assert asyncio.run(main()) == 2  # a second loop gets its own
+
+
+def test_the_loop_lag_watch_sees_a_stall() -> None:
+    """``themis_event_loop_lag_seconds``: a callback that holds the loop for 60 ms shows as a
+    lag of at least 60 ms less one period."""
+    import time
+
+    from themis_clip.server.metrics import LAG_PERIOD_S, watch_loop_lag
+
+    seen: list[float] = []
+
+    async def main() -> None:
+        watch = asyncio.ensure_future(watch_loop_lag(seen.append))
+        while len(seen) < 3:  # the watch runs, on time
+            await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(time.sleep, 0.06)  # a stall of the whole loop
+        count = len(seen)
+        while len(seen) < count + 3:
+            await asyncio.sleep(0)
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+
+    asyncio.run(main())
+    assert max(seen) >= 0.06 - LAG_PERIOD_S, seen
+    assert min(seen) >= 0.0

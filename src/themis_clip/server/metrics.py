@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["Metrics"]
+__all__ = ["LAG_PERIOD_S", "Metrics", "watch_loop_lag"]
+
+#: the loop-lag timer's period: a stall longer than this is always seen, at most this much short
+LAG_PERIOD_S = 0.005
 
 
 @dataclass
@@ -50,6 +54,13 @@ class Metrics:
         self.queue_depth = Gauge(
             "themis_queue_depth", "items waiting for a batch", ["modality"], registry=r
         )
+        self.loop_lag = Histogram(
+            "themis_event_loop_lag_seconds",
+            f"how late the event loop ran a timer due every {LAG_PERIOD_S * 1e3:g} ms (a stall "
+            "of the loop holds up every request, /healthz included)",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5),
+        )
 
     def observe(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -60,3 +71,14 @@ class Metrics:
     ) -> None:
         self.queue_depth.labels(modality).set_function(depth)
         self.skipped_items.labels(modality).set_function(skipped)
+
+
+async def watch_loop_lag(observe: Callable[[float], None], period_s: float = LAG_PERIOD_S) -> None:
+    """Until cancelled: sleep ``period_s`` on the running loop and ``observe`` how much later
+    than due it woke (0 when on time). A stall longer than ``period_s`` always overlaps a
+    wake-up; the reading is then the stall less at most ``period_s``."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + period_s
+        await asyncio.sleep(period_s)
+        observe(max(0.0, loop.time() - due))
