@@ -502,3 +502,17 @@ def test_the_loop_lag_watch_sees_a_stall() -> None:
     asyncio.run(main())
     assert max(seen) >= 0.06 - LAG_PERIOD_S, seen
     assert min(seen) >= 0.0
+
+
+def test_the_loop_lag_watch_slows_down_when_idle() -> None:
+    import time
+
+    from themis_clip.server.metrics import IDLE_LAG_PERIOD_S, LAG_PERIOD_S, Metrics, lag_period
+
+    metrics = Metrics()
+    period = lag_period(metrics)
+    assert period() == IDLE_LAG_PERIOD_S  # no request yet
+    metrics.observe("/healthz", 200, 0.001)
+    assert period() == LAG_PERIOD_S
+    metrics.last_request = time.monotonic() - 60
+    assert period() == IDLE_LAG_PERIOD_S

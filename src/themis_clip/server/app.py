@@ -28,7 +28,7 @@ from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import Authenticate, TrustedHosts, route_scopes
 from themis_clip.server.auth import KeyStore
 from themis_clip.server.errors import install_error_handlers
-from themis_clip.server.metrics import Metrics, watch_loop_lag
+from themis_clip.server.metrics import Metrics, lag_period, watch_loop_lag
 from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard, StrictFraming
 from themis_clip.server.routes import admin, classify, docs, duplicates, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
@@ -87,7 +87,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
                     "(`themis-clip index` builds it)",
                     state.index.store.path,
                 )
-        lag = asyncio.create_task(watch_loop_lag(metrics.loop_lag.observe))
+        lag = asyncio.create_task(watch_loop_lag(metrics.loop_lag.observe, lag_period(metrics)))
         warm: asyncio.Task[None] | None = None
         if settings.warmup:
 
