@@ -516,3 +516,30 @@ def test_the_loop_lag_watch_slows_down_when_idle() -> None:
     assert period() == LAG_PERIOD_S
     metrics.last_request = time.monotonic() - 60
     assert period() == IDLE_LAG_PERIOD_S
+
+
+def test_a_large_body_does_not_freeze_other_requests_garbage(bodies: LargeBodies) -> None:
+    """A reference cycle that is garbage when a large body's join begins is collected, not
+    frozen with the joined value (frozen, then unfrozen into the oldest generation, it waited
+    for a full collection, holding what it held: 14 MB of image per failed upload)."""
+    import weakref
+
+    class Held:
+        pass
+
+    body = json.dumps({"pad": PAD, "n": 1}).encode()
+    parse(bodies, body)  # the child is up; its start is not the point
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(1_000_000)  # no automatic collection before the join's own
+    try:
+        cycle = [Held()]
+        cycle.append(cycle)
+        alive = weakref.ref(cycle[0])
+        del cycle  # garbage now, reachable by the collector only
+        assert alive() is not None
+        problem, _, held = parse(bodies, body)
+        assert problem is None and held
+        assert alive() is None
+    finally:
+        gc.set_threshold(*thresholds)
