@@ -98,7 +98,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(1, thread_name_prefix="themis-open") as opener:
         opening = opener.submit(start_plugin, args, config, lazy_textual=True)
         feed = None
-        if early is not None:
+        if early is None:  # nothing to decode before the model: open it first, as before
+            opening.result()
+        else:
             batch = config.max_batch_size
             window = (config.prefetch_batches + 1) * batch
             feed = DecodeAhead(
@@ -111,7 +113,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
                     report = index_folder(
                         index,
                         folder,
-                        feed or opening.result(),
+                        feed if feed is not None else opening.result(),
                         stamp=lambda: stamp_of(opening.result()),
                         chunk=4 * config.max_batch_size,
                         progress=update,
