@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from themis_clip import jsonio
+from themis_clip.budget import PixelBudget
 from themis_clip.cli.common import (
     CLIError,
     config_from,
@@ -92,7 +93,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if args.rebuild:
         VectorIndex.remove(args.index)
     config = config_from(args)
-    early = declared_preprocessor(config)
+    # decodes ahead share a pixel budget of the plugin's size, as the plugin's own decodes do
+    early = declared_preprocessor(config, budget=PixelBudget(config.preprocess.pixel_budget))
     # The session opens (image tower only) in a thread while the folder is walked and hashed
     # and, where the model declares its preprocessing, its first images decode.
     with ThreadPoolExecutor(1, thread_name_prefix="themis-open") as opener:
