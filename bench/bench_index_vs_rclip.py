@@ -17,12 +17,14 @@ Rounds interleave the systems (ours, rclip, ours, ...), each a fresh process wit
 medians are reported with ratios ours / rclip throughput (>1: we are faster).
 
 Usage: PYTHONPATH=src .venv/bin/python bench/bench_index_vs_rclip.py [--rounds 5] [--n 48]
-       [--skip-cli] [--skip-lib]
+       [--skip-cli] [--skip-lib] [--baseline OTHER_SRC] [--draft]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import shutil
 import statistics
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -161,10 +164,14 @@ def run_floor(images: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_ours_cli(images: Path) -> float:
+def run_ours_cli(images: Path, src: Path = ROOT / "src", decode_mode: str | None = None) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        env = {**os.environ, "PYTHONPATH": str(src)}
         cmd = [str(OURS_PY), "-m", "themis_clip.cli", "index", str(images), "--model", str(MODEL)]
+        if decode_mode is not None:
+            config = {"model": {"path": str(MODEL)}, "preprocess": {"decode_mode": decode_mode}}
+            (Path(tmp) / "config.json").write_text(json.dumps(config))
+            cmd += ["--config", f"{tmp}/config.json"]
         t0 = time.perf_counter()
         subprocess.run([*cmd, "--index", f"{tmp}/i.db"], env=env, check=True, capture_output=True)
         return time.perf_counter() - t0
@@ -198,22 +205,66 @@ def run_lib(ours: bool, images: Path, out: Path) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def draft_cosines(images: Path) -> str:
+    """Cosines of each image's vector under 'draft' (and 'fast', the default) to 'exact'."""
+    from themis_clip import OnnxClipPlugin, PluginConfig
+
+    paths = sorted(images.glob("*.jpg"))
+    vectors = {}
+    for mode in ("exact", "fast", "draft"):
+        plugin = OnnxClipPlugin(lazy_textual=True)
+        config = {"model": {"path": str(MODEL)}, "preprocess": {"decode_mode": mode}}
+        assert plugin.initialize(PluginConfig.from_dict(config)), plugin.last_error
+        results = plugin.generate_embedding_batch(paths)
+        plugin.shutdown()
+        vectors[mode] = np.stack([np.asarray(r.embedding) for r in results])
+    parts = []
+    for a, b in (("draft", "exact"), ("fast", "exact"), ("draft", "fast")):
+        cos = np.sum(vectors[a] * vectors[b], axis=1)  # unit vectors
+        parts.append(f"{a}~{b} min {cos.min():.6f} median {np.median(cos):.6f}")
+    return "; ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=48, help="images per folder")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--skip-lib", action="store_true")
+    ap.add_argument(
+        "--draft",
+        action="store_true",
+        help="also time ours with the opt-in preprocess.decode_mode 'draft', and its cosines",
+    )
+    ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="another source tree of ours (e.g. `git archive main src | tar -x -C /tmp/base`), "
+        "timed in the same interleaved rounds as 'base'",
+    )
     args = ap.parse_args()
     print(subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("Flags")[0])
     rclip_model()
     shutil.rmtree(RCLIP_HOME / "cache", ignore_errors=True)
+    # Installed packages run from bytecode (pip compiles rclip's and every dependency's at
+    # install time); our source tree may have none (PYTHONDONTWRITEBYTECODE), and compiling ~120
+    # modules in every fresh process would cost ours 0.1-0.2 s that an installed wheel never pays.
+    for src in (ROOT / "src", *([args.baseline] if args.baseline else [])):
+        subprocess.run([str(OURS_PY), "-m", "compileall", "-q", str(src)], check=True)
     sets = {name: folder(name, args.n) for name in FOLDERS}
     if not args.skip_cli:
         walls: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for name, images in sets.items():
-                systems = (("ours", run_ours_cli), ("rclip", run_rclip_cli), ("floor", run_floor))
+                systems: tuple[tuple[str, Callable[[Path], float]], ...] = (
+                    ("ours", run_ours_cli),
+                    ("rclip", run_rclip_cli),
+                    ("floor", run_floor),
+                )
+                if args.baseline:
+                    systems += (("base", functools.partial(run_ours_cli, src=args.baseline)),)
+                if args.draft:
+                    systems += (("draft", functools.partial(run_ours_cli, decode_mode="draft")),)
                 for system, fn in systems:
                     if r == 0:
                         fn(images)  # page cache warm for both
@@ -228,6 +279,17 @@ def main() -> None:
                 f"  | floor {f:5.2f} s: the best ratio any system on this graph can reach "
                 f"{c / f:.2f}"
             )
+            if args.baseline:
+                b = statistics.median(walls[(name, "base")])
+                print(f"  {'':9s} baseline {b:6.2f} s: ratio (base/rclip thr) {c / b:.2f}")
+            if args.draft:
+                d = statistics.median(walls[(name, "draft")])
+                print(
+                    f"  {'':9s} decode_mode draft {d:6.2f} s: ratio (draft/rclip thr) {c / d:.2f}"
+                )
+    if args.draft:
+        for name, images in sets.items():
+            print(f"  {name:9s} cosine per image, {draft_cosines(images)}")
     if not args.skip_lib:
         with tempfile.TemporaryDirectory() as tmp:
             rates: dict[tuple[str, bool], list[float]] = {}

@@ -69,7 +69,10 @@ class PreprocessConfig:
     ``apply_exif`` (default true), ``max_image_pixels`` (default Pillow's 178,956,970),
     ``decode_mode``: ``"fast"`` (default: JPEG DCT scaling to no less than twice the model
     input before the resize, measured 3x faster on 12 MP photos with embedding cosine ≥ 0.999)
-    or ``"exact"`` (the reference's full decode, bit-for-bit parity with OpenAI's transform).
+    or ``"exact"`` (the reference's full decode, bit-for-bit parity with OpenAI's transform),
+    or, opt-in, ``"draft"`` (DCT scaling to no less than the model input itself, rclip's rule:
+    a 12 MP photo decodes at 1/8 instead of 1/4, a 1024x768 one at 1/2 instead of full size;
+    the vectors differ from fast's, see bench/RESULTS.md).
     ``max_pixels_in_flight``: decoded pixels that all concurrent decodes of the plugin may hold
     at once (default 200,000,000, at least ``max_image_pixels``): a decode reserves its
     image's declared size before allocating it and waits for room, so concurrency cannot

@@ -18,10 +18,16 @@ import numpy as np
 from themis_clip.budget import PixelBudget
 from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
-from themis_clip.errors import BackendUnavailableError, ModelFormatError, ModelMismatchError
+from themis_clip.errors import (
+    BackendUnavailableError,
+    ModelFormatError,
+    ModelMismatchError,
+    ThemisClipError,
+)
 from themis_clip.interface import BackendType
 from themis_clip.models.external_data import MappingUnavailable, mapped_model
 from themis_clip.models.hashing import HashFunction, sha256_file
+from themis_clip.models.hub import ResolvedModel
 from themis_clip.models.hub import resolve as resolve_source
 from themis_clip.models.layout import model_identity_digest, resolve_model
 from themis_clip.models.spec import ImageSpec, ModelSpec
@@ -36,7 +42,7 @@ from themis_clip.runtime import (
 )
 from themis_clip.vocabulary import Layout, LoadingMode, ModelIdentity
 
-__all__ = ["load_model"]
+__all__ = ["declared_preprocessor", "load_model"]
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +68,7 @@ def load_model(
         ModelError (and subclasses), BackendUnavailableError, ConfigError.
     """
     mc = config.model
-    # A path, Hub repo id or catalogue name → a local, verified model (models/hub.py).
-    local = resolve_source(mc.path, precision=mc.variant)
-    spec = resolve_model(
-        local.path,
-        name=mc.name or (local.source.label if local.source.repo else None),
-        text_path=mc.text_path or local.text_path,
-        tokenizer_path=mc.tokenizer_path,
-        variant=mc.variant,
-    )
+    local, spec = _resolve(config)
     expected = mc.expected_sha256 if mc.expected_sha256 is not None else local.digests or None
     digest = model_identity_digest(spec, expected, hash_fn)
     settings = SessionSettings(
@@ -154,16 +152,7 @@ def load_model(
                 sessions.append(textual.session)
         dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
         image_spec = _resolve_image_spec(spec, config, visual)
-        try:
-            preprocessor = ImagePreprocessor(
-                image_spec,
-                apply_exif=config.preprocess.apply_exif,
-                max_image_pixels=config.preprocess.max_image_pixels,
-                decode_mode=config.preprocess.decode_mode,
-                budget=budget,
-            )
-        except ValueError as exc:
-            raise ModelFormatError(f"{spec.root}: {exc}") from exc
+        preprocessor = _preprocessor(spec, config, image_spec, budget)
     except BaseException:
         for s in sessions:
             s.close()
@@ -192,6 +181,58 @@ def load_model(
     )
     model.loading_note = note
     return model
+
+
+def declared_preprocessor(
+    config: PluginConfig, *, spec: ModelSpec | None = None, budget: PixelBudget | None = None
+) -> ImagePreprocessor | None:
+    """The image preprocessing :func:`load_model` gives ``config``'s model (or the model
+    ``spec`` describes: a loaded one's ``plugin.model_spec``), where it is known without opening
+    a session: the model's files declare its input size (our layout, Immich's,
+    transformers.js') or the configuration sets it. A caller can then decode its first images
+    while the session opens (``themis-clip index``); the loaded model's preprocessor compares
+    equal. None where only the graph tells (its fixed input size), and None for a model that is
+    not on disk or cannot be resolved: :func:`load_model` reports that.
+    """
+    try:
+        if spec is None:
+            _, spec = _resolve(config, allow_download=False)
+        if _declares_size(spec) or config.preprocess.image_size is not None:
+            return _preprocessor(spec, config, _configured_image_spec(spec, config), budget)
+    except ThemisClipError:
+        pass  # load_model raises it, with its full context
+    return None
+
+
+def _resolve(
+    config: PluginConfig, *, allow_download: bool = True
+) -> tuple[ResolvedModel, ModelSpec]:
+    mc = config.model
+    # A path, Hub repo id or catalogue name → a local, verified model (models/hub.py).
+    local = resolve_source(mc.path, precision=mc.variant, allow_download=allow_download)
+    spec = resolve_model(
+        local.path,
+        name=mc.name or (local.source.label if local.source.repo else None),
+        text_path=mc.text_path or local.text_path,
+        tokenizer_path=mc.tokenizer_path,
+        variant=mc.variant,
+    )
+    return local, spec
+
+
+def _preprocessor(
+    spec: ModelSpec, config: PluginConfig, image: ImageSpec, budget: PixelBudget | None
+) -> ImagePreprocessor:
+    try:
+        return ImagePreprocessor(
+            image,
+            apply_exif=config.preprocess.apply_exif,
+            max_image_pixels=config.preprocess.max_image_pixels,
+            decode_mode=config.preprocess.decode_mode,
+            budget=budget,
+        )
+    except ValueError as exc:
+        raise ModelFormatError(f"{spec.root}: {exc}") from exc
 
 
 def _session_source(
@@ -234,19 +275,30 @@ def _resolve_dim(
     return probe_dim
 
 
-def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> ImageSpec:
+def _declares_size(spec: ModelSpec) -> bool:
+    return spec.layout in (Layout.THEMIS, Layout.IMMICH, Layout.TRANSFORMERS_JS)
+
+
+def _configured_image_spec(
+    spec: ModelSpec, config: PluginConfig, graph_size: int | None = None
+) -> ImageSpec:
+    """The model's image specification with the configuration's overrides; ``graph_size`` (the
+    image tower's fixed input side) counts only for a layout that does not declare its own."""
     pre = config.preprocess
     image = spec.image
-    declares_size = spec.layout in (Layout.THEMIS, Layout.IMMICH, Layout.TRANSFORMERS_JS)
-    if not declares_size and visual.graph_image_size and pre.image_size is None:
-        image = replace(image, image_size=visual.graph_image_size)
-    image = replace(
+    if not _declares_size(spec) and graph_size and pre.image_size is None:
+        image = replace(image, image_size=graph_size)
+    return replace(
         image,
         image_size=pre.image_size or image.image_size,
         mean=pre.mean or image.mean,
         std=pre.std or image.std,
         resize_mode=pre.resize_mode or image.resize_mode,
     )
+
+
+def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> ImageSpec:
+    image = _configured_image_spec(spec, config, visual.graph_image_size)
     if visual.graph_image_size and visual.graph_image_size != image.image_size:
         raise ModelMismatchError(
             f"image size {image.image_size} does not match the image tower's fixed input "

@@ -176,10 +176,13 @@ class LoadingMode(enum.StrEnum):
 
 
 class DecodeMode(enum.StrEnum):
-    """``preprocess.decode_mode``: the reference's full decode, or DCT-scaled JPEG decoding."""
+    """``preprocess.decode_mode``: the reference's full decode, DCT-scaled JPEG decoding to no
+    less than twice the model input (the default), or, opt-in, to no less than the input
+    itself (rclip's rule: other vectors, cheaper decodes)."""
 
     EXACT = "exact"
     FAST = "fast"
+    DRAFT = "draft"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -110,6 +110,35 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert len(list((tmp_path / "g").glob("*.jpg"))) == 6
 
 
+def test_index_gives_the_plugins_vectors_to_the_bit_across_chunks(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``index`` decodes ahead while its session opens and across chunks (themis_clip.feed):
+    every stored vector is still exactly what ``generate_embedding_batch`` gives."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(23):  # --batch-size 4: chunks of 16, a window of 8 decoded ahead
+        Image.fromarray(photo_like(64 + 4 * i, 48, i)).save(folder / f"{i:02d}.jpg")
+    (folder / "07b.jpg").write_bytes(b"\xff\xd8 not a JPEG")  # fails alone, mid-run
+    index = str(tmp_path / "i.db")
+    out = run(
+        "index", str(folder), "--index", index, "--model", str(tiny_model_dir), "--batch-size", "4"
+    )
+    assert out.returncode == 1 and "23 added" in out.stdout and "07b.jpg" in out.stdout
+    from tests.helpers import make_plugin
+    from themis_clip.index.search import VectorIndex
+
+    paths = sorted(p.resolve() for p in folder.glob("*.jpg") if p.name != "07b.jpg")
+    plugin = make_plugin(tiny_model_dir)
+    try:
+        expected = [r.embedding for r in plugin.generate_embedding_batch(paths)]
+    finally:
+        plugin.shutdown()
+    with VectorIndex(index, readonly=True) as idx:
+        stored = [idx.store.vector(str(p)) for p in paths]
+    assert all(np.array_equal(a, b) for a, b in zip(stored, expected, strict=True))
+
+
 def test_index_and_search(
     images: Path, tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_path: Path
 ) -> None:

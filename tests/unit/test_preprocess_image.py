@@ -9,6 +9,7 @@ from PIL import Image, ImageOps
 
 from tests.helpers import MEAN, STD, encode, photo_like, reference_clip_transform
 from themis_clip import ImageDecodeError, ImageTooLargeError, InputError, preprocess_image
+from themis_clip.config import PluginConfig
 from themis_clip.preprocess.image import decode_image
 
 
@@ -288,6 +289,30 @@ def test_fast_decode_uses_dct_scaling_for_large_jpegs_only() -> None:
     assert np.array_equal(preprocess_image(png), preprocess_image(png, decode_mode="fast"))
     with pytest.raises(ValueError, match="decode_mode"):
         preprocess_image(png, decode_mode="turbo")
+
+
+def test_draft_decode_is_opt_in_and_scales_to_the_model_input() -> None:
+    """``decode_mode: "draft"`` (rclip's rule): the smallest DCT scale whose short side is
+    still >= the model input, where fast keeps twice the input; fast stays the default."""
+    jpeg = encode(rgb(1800, 1800, 44), "JPEG", quality=92)
+    # 1800 / 8 = 225 >= 224: draft decodes at 1/8, fast at 1/4 (450 >= 2 x 224)
+    assert decode_image(jpeg, draft_min_side=224).size == (225, 225)
+    eighth = Image.open(io.BytesIO(jpeg))
+    eighth.draft("RGB", (225, 225))
+    eighth.load()
+    assert eighth.size == (225, 225)
+    draft = preprocess_image(jpeg, decode_mode="draft")
+    # the fast pipeline on the 1/8-scale frame, to the bit: only the decode scale differs
+    assert np.array_equal(draft, preprocess_image(eighth, decode_mode="fast"))
+    fast = preprocess_image(jpeg, decode_mode="fast")
+    assert not np.array_equal(draft, fast)
+    cos = float(np.sum(fast * draft) / np.linalg.norm(fast) / np.linalg.norm(draft))
+    assert cos > 0.99
+    small = encode(rgb(400, 300, 45), "JPEG")  # short side < 2 x 224: no scaling
+    assert np.array_equal(preprocess_image(small), preprocess_image(small, decode_mode="draft"))
+    assert PluginConfig.from_dict({"model": {"path": "m"}}).preprocess.decode_mode == "fast"
+    opted = {"model": {"path": "m"}, "preprocess": {"decode_mode": "draft"}}
+    assert PluginConfig.from_dict(opted).preprocess.decode_mode == "draft"
 
 
 @pytest.mark.slow

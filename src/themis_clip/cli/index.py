@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from themis_clip import jsonio
+from themis_clip.budget import PixelBudget
 from themis_clip.cli.common import (
     CLIError,
+    config_from,
     graph_settings,
     index_args,
     index_location,
@@ -22,10 +25,12 @@ from themis_clip.cli.common import (
     start_plugin,
 )
 from themis_clip.errors import WhereError
+from themis_clip.feed import DecodeAhead
 from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import Where, parse_where
+from themis_clip.loading import declared_preprocessor
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 
@@ -87,24 +92,43 @@ def _cmd_index(args: argparse.Namespace) -> int:
     settings = graph_settings(args)
     if args.rebuild:
         VectorIndex.remove(args.index)
-    plugin = start_plugin(args, lazy_textual=True)  # image tower only
-    try:
-        with VectorIndex(args.index, settings=settings) as index:
-            update, bar = progress_bar("indexing")
-            with bar:
-                report = index_folder(
-                    index,
-                    folder,
-                    plugin,
-                    stamp=stamp_of(plugin),
-                    chunk=4 * (plugin.config.max_batch_size if plugin.config else 32),
-                    progress=update,
-                    metadata=read_exif,  # taken, camera, gps, upright width/height
-                    metadata_version="files+exif-1",
-                )
-            _prepare_graph(index)
-    finally:
-        plugin.shutdown()
+    config = config_from(args)
+    # decodes ahead share a pixel budget of the plugin's size, as the plugin's own decodes do
+    early = declared_preprocessor(config, budget=PixelBudget(config.preprocess.pixel_budget))
+    # The session opens (image tower only) in a thread while the folder is walked and hashed
+    # and, where the model declares its preprocessing, its first images decode.
+    with ThreadPoolExecutor(1, thread_name_prefix="themis-open") as opener:
+        opening = opener.submit(start_plugin, args, config, lazy_textual=True)
+        feed = None
+        if early is None:  # nothing to decode before the model: open it first, as before
+            opening.result()
+        else:
+            batch = config.max_batch_size
+            window = (config.prefetch_batches + 1) * batch
+            feed = DecodeAhead(
+                early, opening.result, workers=config.preprocess_workers, window=window
+            )
+        try:
+            with VectorIndex(args.index, settings=settings) as index:
+                update, bar = progress_bar("indexing")
+                with bar:
+                    report = index_folder(
+                        index,
+                        folder,
+                        feed if feed is not None else opening.result(),
+                        stamp=lambda: stamp_of(opening.result()),
+                        chunk=4 * config.max_batch_size,
+                        progress=update,
+                        metadata=read_exif,  # taken, camera, gps, upright width/height
+                        metadata_version="files+exif-1",
+                        prefetch=feed.prefetch if feed is not None else None,
+                    )
+                _prepare_graph(index)
+        finally:
+            if feed is not None:
+                feed.close()
+            if opening.exception() is None:
+                opening.result().shutdown()
     _print_report(report, args.index)
     return 1 if report.failed else 0  # the rest is indexed; exit 1 says some files were not
 

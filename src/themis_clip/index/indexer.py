@@ -146,16 +146,38 @@ def _refresh_metadata(
     store.set_meta({tag: version})
 
 
+def _to_embed(
+    todo: list[tuple[Path, os.stat_result, str | None]],
+    digests: Mapping[Path, str | None],
+    store: Store,
+    known: Mapping[str, StoredItem],
+) -> list[Path]:
+    """The files of ``todo`` that :func:`index_folder`'s loop will embed, in its order: its
+    rules, read-only (a rename or duplicate only ever adds rows of a digest already stored)."""
+    out: list[Path] = []
+    first: set[str] = set()
+    for path, _, _ in todo:
+        digest = digests[path]
+        new = str(path) not in known
+        if new and digest and (digest in first or store.by_sha256(digest)):
+            continue  # a rename, a duplicate of an indexed file, or a copy of one in this run
+        out.append(path)
+        if digest:
+            first.add(digest)
+    return out
+
+
 def index_folder(
     index: VectorIndex,
     folder: Path,
     embedder: ImageEmbedder,
     *,
-    stamp: ModelIdentity,
+    stamp: ModelIdentity | Callable[[], ModelIdentity],
     chunk: int = 128,
     progress: Progress | bool | None = None,
     metadata: MetadataReader | None = None,
     metadata_version: str = "1",
+    prefetch: Callable[[list[Path]], None] | None = None,
 ) -> IndexReport:
     """Bring ``index`` up to date with the images under ``folder``.
 
@@ -164,11 +186,17 @@ def index_folder(
     Each file's metadata is its folder, name, size and modification time plus what
     ``metadata(path)`` reads from the image (the CLI's: EXIF and the upright size); unchanged
     files indexed before ``metadata_version`` get theirs without being embedded again.
+
+    ``prefetch(paths)``, when given, is told the files that will be embedded, in the order they
+    will be asked for, once the folder is walked and the new files hashed (the CLI decodes
+    them ahead, while its model still opens). ``stamp`` may be a callable (the CLI's waits for
+    the model to open): it is then called after ``prefetch``, before anything is written.
     """
     report_progress = progress if callable(progress) else None
     t0 = time.perf_counter()
     report = IndexReport()
-    index.bind_model(stamp)
+    if not callable(stamp):
+        index.bind_model(stamp)
     store = index.store
     folder = folder.resolve()
     known = store.items_under(str(folder))
@@ -195,12 +223,18 @@ def index_folder(
             continue
         todo.append((path, st, None))
     vanished = set(known) - seen
+    digests = {path: _sha256(path) for path, _, _ in todo}
+    if prefetch is not None:
+        prefetch(_to_embed(todo, digests, store, known))
+    if callable(stamp):
+        stamp = stamp()
+        index.bind_model(stamp)
     # Renames and duplicates: content already in the index needs no embedding.
     to_embed: list[tuple[Path, os.stat_result, str | None]] = []
     copies: list[tuple[Path, os.stat_result, str | None]] = []
     first_of_run: dict[str, Path] = {}
     for path, st, _ in todo:
-        digest = _sha256(path)
+        digest = digests[path]
         same = store.by_sha256(digest) if digest else []
         moved = next((i for i in same if i.path in vanished), None)
         if moved is not None and str(path) not in known:

@@ -397,7 +397,9 @@ class ImagePreprocessor:
 
     def __post_init__(self) -> None:
         if self.decode_mode not in tuple(DecodeMode):
-            raise ValueError(f"decode_mode must be 'exact' or 'fast', got {self.decode_mode!r}")
+            raise ValueError(
+                f"decode_mode must be 'exact', 'fast' or 'draft', got {self.decode_mode!r}"
+            )
         object.__setattr__(self, "decode_mode", DecodeMode(self.decode_mode))
         if self.spec.interpolation not in RESAMPLING:
             raise ValueError(
@@ -431,15 +433,17 @@ class ImagePreprocessor:
         Returns:
             float32 array of shape ``(3, S, S)``: the exact tensor the image tower receives.
         """
-        fast = self.decode_mode is DecodeMode.FAST
+        fast = self.decode_mode is not DecodeMode.EXACT
+        # fast: JPEG DCT scaling to no less than twice the model input before the resize;
+        # draft (opt-in, rclip's rule): to no less than the input itself
+        draft = self.spec.image_size * (2 if self.decode_mode is DecodeMode.FAST else 1)
         lease = self.budget.lease() if self.budget is not None else None
         with lease or _NO_LEASE:
             img = decode_image(
                 data,
                 max_image_pixels=self.max_image_pixels,
                 apply_exif=self.apply_exif,
-                # fast: JPEG DCT scaling to no less than twice the model input before the resize
-                draft_min_side=2 * self.spec.image_size if fast else None,
+                draft_min_side=draft if fast else None,
                 format_hint=format_hint,
                 orientation=orientation,
                 reserve=lease.take_bytes if lease is not None else None,
@@ -475,8 +479,9 @@ def preprocess_image(
         resize_mode: ``"shortest"`` (OpenAI CLIP), ``"squash"`` or ``"longest"``.
         apply_exif: rotate/flip by the EXIF orientation first.
         max_image_pixels: refuse images whose header declares more pixels.
-        decode_mode: ``"exact"`` (the reference's full decode) or ``"fast"`` (JPEG DCT scaling
-            to no less than twice ``image_size`` before the resize; the plugin's default).
+        decode_mode: ``"exact"`` (the reference's full decode), ``"fast"`` (JPEG DCT scaling
+            to no less than twice ``image_size`` before the resize; the plugin's default) or
+            ``"draft"`` (opt-in: DCT scaling to no less than ``image_size``, other vectors).
 
     Returns:
         float32 array of shape ``(3, image_size, image_size)``.
