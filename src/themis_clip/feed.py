@@ -130,9 +130,12 @@ class DecodeAhead:
     ) -> None:
         good: list[tuple[int, _Pixels]] = []
         for i, fut in batch:
-            try:
+            # exception() first: a decode error re-raised here would make a reference cycle
+            # (this frame holds the futures, the error's traceback this frame)
+            exc = fut.exception()
+            if exc is None:
                 good.append((i, fut.result()))
-            except Exception as exc:  # this image only
+            else:  # this image only
                 results[i] = EmbeddingResult.failure(translate(exc), latency_ms=elapsed_ms(t0))
         if not good:
             return
