@@ -155,21 +155,27 @@ class MicroBatcher(Generic[T, R]):
                     self._wakeup.set()
                     queued = 1
                     return [await asyncio.shield(pending[0].future)]
-                outstanding: list[list[_Pending[T, R]]] = []
+                outstanding: list[tuple[int, int]] = []  # pieces queued, as slices of pending
                 while queued < len(pending):
                     if len(outstanding) >= window:
-                        oldest = outstanding.pop(0)
-                        await asyncio.gather(*(asyncio.shield(p.future) for p in oldest))
-                    part = pending[queued : queued + piece]
-                    self._queue.extend(part)
+                        start, stop = outstanding.pop(0)
+                        await asyncio.gather(
+                            *(asyncio.shield(p.future) for p in pending[start:stop])
+                        )
+                    stop = min(queued + piece, len(pending))
+                    self._queue.extend(pending[queued:stop])
                     self._wakeup.set()
-                    outstanding.append(part)
-                    queued += len(part)
-                for part in outstanding:
-                    await asyncio.gather(*(asyncio.shield(p.future) for p in part))
+                    outstanding.append((queued, stop))
+                    queued = stop
+                for start, stop in outstanding:
+                    await asyncio.gather(*(asyncio.shield(p.future) for p in pending[start:stop]))
                 return [p.future.result() for p in pending]
         except BaseException:
             self._abandon(pending, unqueued=pending[queued:])
+            # The error's traceback holds this frame: let go of the items, or they would live
+            # on in a cycle (frame -> items' futures -> error -> traceback -> frame) until a
+            # full collection (request images, up to 20 MB each).
+            pending.clear()
             raise
 
     def _abandon(
@@ -234,6 +240,9 @@ class MicroBatcher(Generic[T, R]):
                 for p in live:
                     if not p.future.done():
                         p.future.set_exception(exc)
+                # The futures hold the error, whose traceback holds this frame: let go of
+                # the items here (as submit_many does), or they would form a cycle.
+                del batch, live, p  # (live is not empty here, so p is bound)
                 return
             self._avg_batch_s = 0.8 * self._avg_batch_s + 0.2 * (time.monotonic() - t0)
             self.stats.batches += 1

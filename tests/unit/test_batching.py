@@ -122,6 +122,44 @@ def test_batch_failure_reaches_every_caller_and_close_drains() -> None:
     run(main())
 
 
+def test_a_failed_batch_leaves_no_reference_cycle_holding_its_items() -> None:
+    """The batch's error reaches every caller, and nothing of it waits for the cyclic
+    collector: a cycle through the frames that hold the items kept them (request images, up to
+    20 MB each) alive until a full collection."""
+    import gc
+
+    class Item:
+        pass
+
+    def boom(items: list[Item]) -> list[int]:
+        raise RuntimeError("model exploded")
+
+    async def main() -> list[str]:
+        b: MicroBatcher[Item, int] = MicroBatcher(boom, max_batch_size=2, max_queue_delay_ms=1)
+        gc.collect()
+        gc.disable()
+        try:
+            for call in (
+                lambda: b.submit(Item()),
+                lambda: b.submit_many([Item() for _ in range(5)]),
+            ):
+                with pytest.raises(RuntimeError, match="exploded"):
+                    await call()
+            await asyncio.sleep(0)  # the batches' tasks end
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [type(o).__name__ for o in gc.garbage]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        await b.close()
+        return left
+
+    left = run(main())
+    assert "Item" not in left, left[:30]
+
+
 def test_dispatch_when_idle_sends_a_lone_request_at_once_and_still_coalesces_under_load() -> None:
     calls: list[list[int]] = []
     release = threading.Event()
