@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
-__all__ = ["IMAGE_SUFFIXES", "sha256_of", "walk_images"]
+__all__ = ["IMAGE_SUFFIXES", "NotARegularFileError", "open_regular", "sha256_of", "walk_images"]
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
 _CHUNK = 1 << 20
@@ -22,14 +24,53 @@ def walk_images(folder: Path) -> list[Path]:
     return sorted(out)
 
 
+class NotARegularFileError(OSError):
+    """A path (after its links) that is a FIFO, a device or a socket, not a file: opening or
+    reading one may wait for ever (a FIFO with no writer) or never end (``/dev/zero``)."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """``open(path, "rb")`` for regular files only: a FIFO is opened without waiting for a
+    writer, then refused with the others.
+
+    Raises:
+        NotARegularFileError: ``path`` is a FIFO, a device or a socket.
+        OSError: it cannot be opened (missing, a directory, no permission).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(21, "Is a directory", os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(f"not a regular file ({_kind(mode)}): {os.fspath(path)}")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a file"
+
+
 def sha256_of(path: Path) -> str:
     """Hex SHA-256 of a file, read in 1 MiB chunks.
 
     Raises:
+        NotARegularFileError: ``path`` is a FIFO, a device or a socket.
         OSError: the file cannot be read.
     """
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()

@@ -45,6 +45,46 @@ def test_index_exits_1_when_files_were_unreadable(photos: Path, tmp_path: Path) 
     assert "1 unreadable" in bad.stdout and "broken.png" in bad.stdout
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="FIFOs, /dev/zero and byte file names")
+def test_index_skips_what_is_not_a_file_or_has_no_text_name(photos: Path, tmp_path: Path) -> None:
+    """A FIFO named .jpg hung `index` for ever (in open), a link to /dev/zero span at 100 % CPU,
+    and one file name that is not UTF-8 crashed the run with a traceback and kept its chunk out
+    of the index on every run. Each is now one line of the report; the rest is indexed."""
+    import os
+
+    os.mkfifo(photos / "fifo.jpg")
+    (photos / "zero.jpg").symlink_to("/dev/zero")
+    Image.new("RGB", (20, 20), (20, 220, 20)).save(os.fsencode(photos) + b"/bad_\xff\xfe.png")
+    out = cli("index", str(photos), cwd=tmp_path, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "2 added" in out.stdout and "3 unreadable" in out.stdout, out.stdout
+    assert "fifo.jpg: not a regular file but a FIFO" in out.stdout
+    assert "zero.jpg: not a regular file but a device" in out.stdout
+    assert "not valid UTF-8" in out.stdout
+    found = cli("search", "--image", str(photos / "fifo.jpg"), cwd=tmp_path, timeout=60)
+    assert found.returncode == 2 and "not a regular file (a FIFO)" in found.stderr, found.stderr
+
+
+def test_a_copy_of_an_unreadable_file_is_named_as_itself(photos: Path, tmp_path: Path) -> None:
+    """Files of the same bytes are decoded once; a copy of one that failed said the first
+    file's path as if it were its own error."""
+    for name in ("a.png", "b.jpg"):
+        (photos / name).write_bytes(b"junk")
+    out = cli("index", str(photos), cwd=tmp_path)
+    assert out.returncode == 1
+    line = next(x for x in out.stdout.splitlines() if "b.jpg:" in x)
+    assert "the same bytes as" in line and "a.png, which failed" in line, line
+
+
+def test_a_config_of_a_few_settings_needs_no_model_section(photos: Path, tmp_path: Path) -> None:
+    config = tmp_path / "draft.json"
+    config.write_text('{"preprocess": {"decode_mode": "draft"}}')
+    out = cli("index", str(photos), "--config", str(config), cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 added" in out.stdout
+
+
 def test_serve_uses_the_index_that_index_wrote(photos: Path, tmp_path: Path) -> None:
     assert cli("index", str(photos), cwd=tmp_path).returncode == 0
     assert (tmp_path / "themis-index.db").is_file()

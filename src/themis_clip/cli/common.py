@@ -7,10 +7,12 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from themis_clip import jsonio
 from themis_clip.config import ModelConfig, PluginConfig
-from themis_clip.errors import ThemisClipError
+from themis_clip.errors import ConfigError, ThemisClipError
 from themis_clip.index.settings import GraphDType, GraphSettings
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
@@ -35,9 +37,25 @@ def model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, help="max_batch_size")
 
 
+def _config_file(path: str) -> PluginConfig:
+    """``--config``'s file; one without a ``model`` section takes the default model (the
+    shipped demo model, or ``--model``'s, which replaces it), so that a file of a few settings
+    (``{"preprocess": {"decode_mode": "draft"}}``) is enough."""
+    p = Path(path)
+    try:
+        data = jsonio.loads(p.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror or exc}") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid JSON: {exc}") from exc
+    if isinstance(data, dict) and "model" not in data:
+        data = {**data, "model": {"path": str(demo_model_path())}}
+    return PluginConfig.from_dict(data, base_dir=p.parent)
+
+
 def config_from(args: argparse.Namespace) -> PluginConfig:
     if args.config:
-        config = PluginConfig.from_file(args.config)
+        config = _config_file(args.config)
         if args.model:
             config = replace(config, model=replace(config.model, path=args.model))
     else:

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,9 +208,20 @@ def index_folder(
     for path in walk_images(folder):
         key = str(path)
         try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:  # bytes no encoding names: the index keeps names as text
+            report.failed.append(
+                (_valid_text(key), "the file name is not valid UTF-8: rename it to index it")
+            )
+            continue
+        try:
             st = path.stat()
         except OSError as exc:
             report.failed.append((key, f"cannot stat: {exc.strerror or exc}"))
+            continue
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would wait for a writer, /dev/zero never end
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+            report.failed.append((key, f"not a regular file but {kind}"))
             continue
         seen.add(key)
         item = known.get(key)
@@ -283,7 +295,8 @@ def index_folder(
         vector = store.vector(str(first_of_run[digest or ""]))
         if vector is None:  # the first copy was unreadable: so is this one
             first = str(first_of_run[digest or ""])
-            error = next((e for p, e in report.failed if p == first), "unreadable")
+            cause = next((e for p, e in report.failed if p == first), "unreadable")
+            error = f"the same bytes as {first}, which failed: {cause}"
             store.record_failures([(str(path), st.st_size, st.st_mtime_ns, error)])
             report.failed.append((str(path), error))
             continue

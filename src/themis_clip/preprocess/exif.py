@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from themis_clip.files import open_regular
+
 __all__ = ["read_exif"]
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        fp = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+        fp = io.BytesIO(source) if isinstance(source, bytes) else open_regular(source)
     except OSError:
         return {}
     try:

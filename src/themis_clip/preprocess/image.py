@@ -41,6 +41,7 @@ from PIL import Image, UnidentifiedImageError
 
 from themis_clip.budget import PixelBudget
 from themis_clip.errors import ImageDecodeError, ImageTooLargeError, InputError, ThemisClipError
+from themis_clip.files import NotARegularFileError, open_regular
 from themis_clip.inputspec import ImageSpec
 from themis_clip.interface import ImageData
 from themis_clip.preprocess.containers import (
@@ -137,7 +138,7 @@ def decode_image(
         path = os.fspath(data)
         try:
             # The file is closed as soon as frame 0 is decoded: no descriptor outlives the call.
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 deadline = time.monotonic() + decode_timeout_s
                 size = os.fstat(fh.fileno()).st_size
                 with mapped(fh, size) as raw:
@@ -157,6 +158,8 @@ def decode_image(
             raise ImageDecodeError(f"not a file but a directory: {path}") from None
         except PermissionError as exc:
             raise ImageDecodeError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        except NotARegularFileError as exc:
+            raise ImageDecodeError(str(exc)) from None
     else:
         raise InputError(
             f"unsupported image input type {type(data).__name__}: pass bytes, a path, "
@@ -264,7 +267,7 @@ def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     The stored size, before any EXIF orientation is applied.
     """
     try:
-        with open(path, "rb") as fp, _open(fp, str(path)) as img:
+        with open_regular(path) as fp, _open(fp, str(path)) as img:
             width, height = img.size
     except (InputError, OSError):
         return None
