@@ -66,6 +66,19 @@ def test_index_skips_what_is_not_a_file_or_has_no_text_name(photos: Path, tmp_pa
     assert found.returncode == 2 and "not a regular file (a FIFO)" in found.stderr, found.stderr
 
 
+def test_a_file_that_became_unreadable_leaves_the_index(photos: Path, tmp_path: Path) -> None:
+    """Its stored vector was of bytes no longer there: kept, searches returned a file that now
+    holds garbage, with the old picture's score."""
+    assert cli("index", str(photos), cwd=tmp_path).returncode == 0
+    (photos / "red.png").write_bytes(b"garbage now")
+    out = cli("index", str(photos), cwd=tmp_path)
+    assert out.returncode == 1
+    assert "1 removed" in out.stdout and "its earlier entry is removed" in out.stdout, out.stdout
+    found = cli("search", "a red square", "-k", "5", "--json", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert "red.png" not in found.stdout and "blue.jpg" in found.stdout
+
+
 def test_a_copy_of_an_unreadable_file_is_named_as_itself(photos: Path, tmp_path: Path) -> None:
     """Files of the same bytes are decoded once; a copy of one that failed said the first
     file's path as if it were its own error."""

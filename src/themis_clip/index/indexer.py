@@ -274,7 +274,7 @@ def index_folder(
     for start in range(0, len(to_embed), chunk):
         part = to_embed[start : start + chunk]
         results = embedder.generate_embedding_batch([p for p, _, _ in part])
-        rows, failed_rows = [], []
+        rows, failed_rows, stale = [], [], []
         for (path, st, digest), r in zip(part, results, strict=True):
             if r.ok and r.embedding is not None:
                 rows.append(_row(path, st, digest, r.embedding, folder, metadata))
@@ -286,9 +286,15 @@ def index_folder(
                 failed_rows.append(
                     (str(path), st.st_size, st.st_mtime_ns, r.error or "unknown error")
                 )
-                report.failed.append((str(path), r.error or "unknown error"))
+                if str(path) in known:  # its stored vector is of bytes no longer there
+                    stale.append(known[str(path)].key)
+                    message = f"{r.error or 'unknown error'} (its earlier entry is removed)"
+                else:
+                    message = r.error or "unknown error"
+                report.failed.append((str(path), message))
         store.upsert(rows, dim=stamp.dim)  # one transaction per chunk: resumable
         store.record_failures(failed_rows)
+        report.removed += store.delete_keys(stale)
         if report_progress is not None:
             report_progress(start + len(part), len(to_embed))
     for path, st, digest in copies:  # their vector is the first copy's: no second embedding
@@ -304,7 +310,7 @@ def index_folder(
         report.duplicates += 1
     if metadata is not None:
         _refresh_metadata(store, folder, unchanged, metadata, metadata_version)
-    report.removed = store.delete_keys(known[p].key for p in vanished)
+    report.removed += store.delete_keys(known[p].key for p in vanished)
     store.delete_failures(p for p in failures if p not in seen)
     report.seconds = time.perf_counter() - t0
     return report
