@@ -79,6 +79,24 @@ def test_a_file_that_became_unreadable_leaves_the_index(photos: Path, tmp_path: 
     assert "red.png" not in found.stdout and "blue.jpg" in found.stdout
 
 
+def test_a_model_that_never_opens_leaves_no_index_behind(photos: Path, tmp_path: Path) -> None:
+    """`index` opens the model while it walks the folder: an index it created for a model that
+    then failed to open stayed, empty and bound to no model ("open read-only" to a search)."""
+    import shutil
+
+    from themis_clip import demo_model_path
+
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_path(), model)
+    manifest = json.loads((model / "manifest.json").read_text())
+    for key in ("mean", "std", "resize_mode", "interpolation", "image_size"):
+        manifest["visual"].pop(key)  # the default 224 then disagrees with the tower's 64
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    out = cli("index", str(photos), "--index", "new.db", "--model", str(model), cwd=tmp_path)
+    assert out.returncode == 2 and "cannot initialise the model" in out.stderr, out.stderr
+    assert not list(tmp_path.glob("new.db*"))
+
+
 def test_a_copy_of_an_unreadable_file_is_named_as_itself(photos: Path, tmp_path: Path) -> None:
     """Files of the same bytes are decoded once; a copy of one that failed said the first
     file's path as if it were its own error."""

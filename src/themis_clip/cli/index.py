@@ -29,6 +29,7 @@ from themis_clip.feed import DecodeAhead
 from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.search import Hit, VectorIndex
+from themis_clip.index.stores.base import is_url
 from themis_clip.index.where import Where, parse_where
 from themis_clip.loading import declared_preprocessor
 from themis_clip.plugin import OnnxClipPlugin
@@ -93,6 +94,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if args.rebuild:
         VectorIndex.remove(args.index)
     config = config_from(args)
+    # An index this run creates is removed again if the model never opens (an empty file
+    # with no model bound was left behind, which a later search called "open read-only").
+    fresh = not is_url(args.index) and not Path(args.index).exists()
     # decodes ahead share a pixel budget of the plugin's size, as the plugin's own decodes do
     early = declared_preprocessor(config, budget=PixelBudget(config.preprocess.pixel_budget))
     # The session opens (image tower only) in a thread while the folder is walked and hashed
@@ -124,6 +128,10 @@ def _cmd_index(args: argparse.Namespace) -> int:
                         prefetch=feed.prefetch if feed is not None else None,
                     )
                 _prepare_graph(index)
+        except BaseException:
+            if fresh and opening.done() and opening.exception() is not None:
+                VectorIndex.remove(args.index)
+            raise
         finally:
             if feed is not None:
                 feed.close()
