@@ -300,8 +300,14 @@ def _configured_image_spec(
 def _resolve_image_spec(spec: ModelSpec, config: PluginConfig, visual: VisualTower) -> ImageSpec:
     image = _configured_image_spec(spec, config, visual.graph_image_size)
     if visual.graph_image_size and visual.graph_image_size != image.image_size:
+        where = (
+            "the config's preprocess.image_size"
+            if config.preprocess.image_size
+            else "the model's files, or the default where they declare none"
+        )
         raise ModelMismatchError(
-            f"image size {image.image_size} does not match the image tower's fixed input "
-            f"{visual.graph_image_size}x{visual.graph_image_size}"
+            f"image size {image.image_size} (from {where}) does not match the image tower's "
+            f"fixed input {visual.graph_image_size}x{visual.graph_image_size}; set "
+            "preprocess.image_size to match"
         )
     return image

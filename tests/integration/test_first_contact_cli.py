@@ -94,6 +94,7 @@ def test_a_model_that_never_opens_leaves_no_index_behind(photos: Path, tmp_path:
     (model / "manifest.json").write_text(json.dumps(manifest))
     out = cli("index", str(photos), "--index", "new.db", "--model", str(model), cwd=tmp_path)
     assert out.returncode == 2 and "cannot initialise the model" in out.stderr, out.stderr
+    assert "or the default where they declare none" in out.stderr  # the 224 the user never set
     assert not list(tmp_path.glob("new.db*"))
 
 
