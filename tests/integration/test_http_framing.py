@@ -228,6 +228,26 @@ def _stalled_clients(port: int, n: int, requests: int = PIPELINED) -> list[socke
     return out
 
 
+def _no_batch_for(base: str, quiet_s: float, timeout_s: float) -> None:
+    """Poll ``/metrics`` until no text batch has run for ``quiet_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while True:
+        text = httpx.get(f"{base}/metrics", timeout=5).text
+        count = next(
+            line.rsplit(" ", 1)[1]
+            for line in text.splitlines()
+            if line.startswith('themis_batch_size_count{modality="text"}')
+        )
+        now = time.monotonic()
+        if count != last:
+            last, since = count, now
+        elif now - since >= quiet_s:
+            return
+        assert now < deadline, "the server kept making answers"
+        time.sleep(0.2)
+
+
 def _fresh_clients_served_within(base: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -260,6 +280,10 @@ def test_clients_that_never_read_are_dropped(
         stalled = _stalled_clients(port_of(server), 3)
         try:
             _fresh_clients_served_within(server.base, 90)
+            # Read only once the server has run no batch for longer than the send timeout:
+            # every client left with answers to take has then been stalled that long. Reading
+            # one whose answers were still being made (a loaded machine) drained it first.
+            _no_batch_for(server.base, 3.0, 120)
             # A dropped client's answers never all arrive (the rest of them were discarded).
             received = [len(read_all(s, timeout_s=30)) for s in stalled]
             assert dropped(n < PIPELINED * answer for n in received), (received, answer)
