@@ -177,3 +177,37 @@ def test_kill_9_during_pgvector_indexing(
         seed=3,
     )
     assert mid_run >= trials // 2, f"only {mid_run} kills landed mid-run"
+
+
+def test_sigterm_during_indexing_stops_with_one_line_and_the_run_resumes(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """SIGTERM (a service manager's stop, `timeout`) ended the run silently with code 143.
+    It now stops as Ctrl-C does: one line saying why, the rows committed kept whole, and the
+    next run finishes the folder."""
+    import signal
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    files = 160
+    for i in range(files):
+        Image.fromarray(photo_like(320, 240, i % 40)).save(folder / f"{i:03d}.jpg")
+    target = sqlite_target(tmp_path)
+    location = target.fresh("t")
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    cmd = [exe, "index", str(folder), "--index", location, "--model", str(tiny_model_dir)]
+    proc = subprocess.Popen(
+        [*cmd, "--batch-size", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and target.committed(location) < 4:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "themis-clip: stopped (SIGTERM)" in err and "Traceback" not in err, err
+    kept = vectors(location)
+    assert 0 < len(kept) < files
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert len(vectors(location)) == files

@@ -66,6 +66,24 @@ def test_index_skips_what_is_not_a_file_or_has_no_text_name(photos: Path, tmp_pa
     assert found.returncode == 2 and "not a regular file (a FIFO)" in found.stderr, found.stderr
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="newlines and escapes in file names")
+def test_file_names_with_newlines_or_escapes_stay_on_their_own_line(
+    photos: Path, tmp_path: Path
+) -> None:
+    """A name holding a newline split a report line in two (the second half looked like a line
+    of its own), and an escape sequence drove the terminal. Both are now escaped."""
+    (photos / "two\nlines.png").write_bytes(b"not a png")
+    Image.new("RGB", (20, 20), (20, 220, 20)).save(photos / "green\x1b[2J.png")
+    out = cli("index", str(photos), cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    skipped = [line for line in out.stdout.splitlines() if line.startswith("  skipped ")]
+    assert len(skipped) == 1 and "two\\nlines.png: " in skipped[0], out.stdout
+    assert "\x1b" not in out.stdout
+    found = cli("search", "--image", str(photos / "green\x1b[2J.png"), "-k", "1", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert "green\\x1b[2J.png" in found.stdout and "\x1b" not in found.stdout, found.stdout
+
+
 def test_a_file_that_became_unreadable_leaves_the_index(photos: Path, tmp_path: Path) -> None:
     """Its stored vector was of bytes no longer there: kept, searches returned a file that now
     holds garbage, with the old picture's score."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -67,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("themis-clip: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("themis-clip: stopped (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:  # `themis-clip ... | head`: the reader left; no traceback
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the exit's flush must not fail again
@@ -85,5 +89,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a command stops as after Ctrl-C: open
+    transactions roll back, the model is shut down, and one line says why it stopped."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def entry() -> None:
+    """The ``themis-clip`` command (``serve`` replaces the SIGTERM handler: it drains)."""
+    signal.signal(signal.SIGTERM, _terminate)
     sys.exit(main())

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from themis_clip.cli.common import CLIError, model_args, start_plugin
+from themis_clip.cli.common import CLIError, model_args, shown, start_plugin
 from themis_clip.errors import InputError
 from themis_clip.zeroshot import DEFAULT_TEMPLATE
 
@@ -41,7 +41,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                 scores = plugin.classify(image, labels, template=args.template)
             except InputError as exc:
                 failed += 1
-                print(f"themis-clip: {image}: {exc}", file=sys.stderr)
+                print(f"themis-clip: {shown(image)}: {shown(str(exc))}", file=sys.stderr)
                 continue
             ranked = sorted(scores, key=lambda s: -s.probability)
             if args.top:
@@ -59,7 +59,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                     )
                 )
             else:
-                print(image)
+                print(shown(image))
                 for s in ranked:
                     print(f"  {100 * s.probability:6.2f}%  cosine {s.cosine:+.3f}  {s.label}")
         if not args.json:  # what the two numbers mean, once

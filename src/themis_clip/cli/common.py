@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import unicodedata
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,22 @@ DEFAULT_INDEX = "themis-index.db"
 
 class CLIError(ThemisClipError):
     """A usage or set-up problem: message to stderr, exit code 2."""
+
+
+#: Characters that would break a report line or drive the terminal: controls (a newline, an
+#: escape sequence), undecodable bytes of a file name (surrogates) and line separators.
+_UNSHOWN = frozenset({"Cc", "Cs", "Zl", "Zp"})
+
+
+def shown(text: str) -> str:
+    """``text`` for one terminal line: a file name's control characters and undecodable bytes
+    escaped (``\\n``, ``\\x1b``, ``\\udcff``), everything else as it is."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _UNSHOWN else ch
+        for ch in text
+    )
 
 
 def model_args(p: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from themis_clip.cli.common import CLIError, model_args, stamp_of, start_plugin
+from themis_clip.cli.common import CLIError, model_args, shown, stamp_of, start_plugin
 from themis_clip.errors import TextInputError
 from themis_clip.files import walk_images
 from themis_clip.interface import EmbeddingResult
@@ -84,7 +84,7 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         plugin.shutdown()
     failed = [(n, r) for n, r in zip(names, results, strict=True) if not r.ok]
     for name, r in failed:
-        print(f"themis-clip: {name}: {r.error}", file=sys.stderr)
+        print(f"themis-clip: {shown(name)}: {shown(str(r.error))}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -21,6 +21,7 @@ from themis_clip.cli.common import (
     index_location,
     model_args,
     progress_bar,
+    shown,
     stamp_of,
     start_plugin,
 )
@@ -149,7 +150,7 @@ def _print_report(report: IndexReport, index_path: str) -> None:
         f"{len(report.failed)} unreadable ({report.seconds:.1f} s)"
     )
     for path, error in report.failed:
-        print(f"  skipped {path}: {error}")
+        print(f"  skipped {shown(path)}: {shown(error)}")
 
 
 def _prepare_graph(index: VectorIndex) -> None:
@@ -292,7 +293,7 @@ def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> 
     if not hits:
         print(f"{indent}(no results)")
     for rank, h in enumerate(hits, 1):
-        print(f"{indent}{rank:2d}. {h.score:+.3f}  {h.path or h.key}")
+        print(f"{indent}{rank:2d}. {h.score:+.3f}  {shown(h.path or h.key)}")
 
 
 class _Once(argparse.Action):
