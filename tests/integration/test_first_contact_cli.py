@@ -61,7 +61,7 @@ def test_index_skips_what_is_not_a_file_or_has_no_text_name(photos: Path, tmp_pa
     assert "2 added" in out.stdout and "3 unreadable" in out.stdout, out.stdout
     assert "fifo.jpg: not a regular file but a FIFO" in out.stdout
     assert "zero.jpg: not a regular file but a device" in out.stdout
-    assert "not valid UTF-8" in out.stdout
+    assert "not valid UTF-8" in out.stdout and "bad_\\xff\\xfe.png" in out.stdout  # which one
     found = cli("search", "--image", str(photos / "fifo.jpg"), cwd=tmp_path, timeout=60)
     assert found.returncode == 2 and "not a regular file (a FIFO)" in found.stderr, found.stderr
 
@@ -82,6 +82,9 @@ def test_file_names_with_newlines_or_escapes_stay_on_their_own_line(
     found = cli("search", "--image", str(photos / "green\x1b[2J.png"), "-k", "1", cwd=tmp_path)
     assert found.returncode == 0, found.stderr
     assert "green\\x1b[2J.png" in found.stdout and "\x1b" not in found.stdout, found.stdout
+    missing = cli("search", "--image", str(photos / "gone\x1b]0;pwned\x07.png"), cwd=tmp_path)
+    assert missing.returncode == 2 and "not found" in missing.stderr, missing.stderr
+    assert "\x1b" not in missing.stderr and "gone\\x1b]0;pwned\\x07.png" in missing.stderr
 
 
 def test_a_file_that_became_unreadable_leaves_the_index(photos: Path, tmp_path: Path) -> None:

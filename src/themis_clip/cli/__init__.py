@@ -33,7 +33,7 @@ from themis_clip.cli import (
     models,
     serve,
 )
-from themis_clip.cli.common import CLIError
+from themis_clip.cli.common import CLIError, shown
 from themis_clip.cli.extras import missing_extra
 from themis_clip.errors import ThemisClipError
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
         return code
     except (CLIError, ThemisClipError) as exc:
-        print(f"themis-clip: error: {exc}", file=sys.stderr)
+        print(f"themis-clip: error: {shown(str(exc))}", file=sys.stderr)
         return 2
     except ImportError as exc:
         message = missing_extra(exc, args.command)

@@ -34,13 +34,17 @@ _UNSHOWN = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 def shown(text: str) -> str:
     """``text`` for one terminal line: a file name's control characters and undecodable bytes
-    escaped (``\\n``, ``\\x1b``, ``\\udcff``), everything else as it is."""
+    escaped (``\\n``, ``\\x1b``, and ``\\xff`` for a byte that is not UTF-8), everything
+    else as it is."""
     if text.isprintable():
         return text
-    return "".join(
-        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _UNSHOWN else ch
-        for ch in text
-    )
+    return "".join(_escaped(ch) if unicodedata.category(ch) in _UNSHOWN else ch for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    if "\udc80" <= ch <= "\udcff":  # an undecodable byte of a name (os.fsdecode's escape)
+        return f"\\x{ord(ch) - 0xDC00:02x}"
+    return ch.encode("unicode_escape").decode("ascii")
 
 
 def model_args(p: argparse.ArgumentParser) -> None:

@@ -78,8 +78,13 @@ def _sha256(path: Path) -> str | None:
 
 
 def _valid_text(name: str) -> str:
-    """A file name as valid Unicode (undecodable bytes in names become "?")."""
-    return name.encode("utf-8", "replace").decode("utf-8")
+    """A file name as valid Unicode: its undecodable bytes written ``\\xff``, so that a report
+    names the file (other stray surrogates become "?")."""
+    try:
+        raw = name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "replace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def file_metadata(
