@@ -34,3 +34,12 @@ def test_a_probe_is_its_member_moved_by_its_gap_in_a_random_orthogonal_direction
     assert np.max(np.sum(probes * again, axis=1)) < 0.999  # another direction each time
     still = probe_queries(members, np.zeros(200, np.float32), rng)
     np.testing.assert_allclose(still, members, atol=1e-6)  # a duplicate's gap is 0: itself
+
+
+def test_with_a_margin_the_choice_needs_the_target_less_one_standard_error() -> None:
+    sweep = [
+        {"expansion_search": 40, "recall_at_10": 0.981, "recall_se": 0.003},
+        {"expansion_search": 50, "recall_at_10": 0.986, "recall_se": 0.002},
+    ]
+    assert choose(sweep, 0.98)["expansion_search"] == 40
+    assert choose(sweep, 0.98, margin=True)["expansion_search"] == 50  # 0.978 < 0.98 <= 0.984

@@ -397,6 +397,19 @@ class PgStore(PgQueries, PgWhereMixin):
             gone = db.execute("SELECT id FROM themis_removed WHERE at > %s", (version,)).fetchall()
         return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
 
+    def rows_by_id(
+        self, ids: Sequence[int], dim: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """``(ids, vectors)`` of those of ``ids`` that are stored, in id order."""
+        if not len(ids):
+            return np.empty(0, np.int64), np.empty((0, dim), np.float32)
+        found, matrix = self._vectors(
+            "SELECT id, embedding FROM themis_items WHERE id = ANY(%s) ORDER BY id",
+            ([int(i) for i in ids],),
+            dim,
+        )
+        return found, matrix
+
     def vectors_by_id(self, ids: Sequence[int], dim: int) -> npt.NDArray[np.float32]:
         """The float32 vectors of ``ids``, in that order (a missing id gives a zero row)."""
         out = np.zeros((len(ids), dim), dtype=np.float32)
