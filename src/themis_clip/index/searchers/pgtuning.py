@@ -63,7 +63,6 @@ __all__ = [
 #: ``hnsw.ef_search`` values tried, cheapest first, in steps of ~1.25x (pgvector's largest is
 #: 1000), so that the first step reaching the target is within 1.25x of the cheapest ef that does.
 EF_SWEEP = (40, 50, 64, 80, 100, 125, 160, 200, 250, 320, 400, 500, 640, 800, 1000)
-#: Probe queries per measurement (fewer when the settings' sample or the table is smaller):
 #: Constructed probes per measurement (fewer when the settings' sample or the table is
 #: smaller): recall@10 near 0.98 over 400 probes has a standard error of ~0.003.
 PROBES = 400
