@@ -90,7 +90,13 @@ class PgSearcher:
         self.settings = settings
         self.progress = progress
         self._cache = _State("", None, False, None, ())
-        self._side: tuple[tuple[str | None, tuple[int, ...]], Any, Any] = (("", ()), None, None)
+        # The held-out rows keyed by (write version, ids): their ids, vectors and norms.
+        self._side: tuple[tuple[str | None, tuple[int, ...]], Any, Any, Any] = (
+            ("", ()),
+            None,
+            None,
+            None,
+        )
 
     building = False  # the HNSW index is built by prepare(), never in the background
 
@@ -135,13 +141,17 @@ class PgSearcher:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """The held-out rows still stored, ``(ids, vectors)``, read again only when the write
         version or the index moved."""
-        state = state or self._state()
+        side = self._side_rows(dim, state or self._state())
+        return side[1], side[2]
+
+    def _side_rows(self, dim: int, state: _State) -> tuple[Any, Any, Any, Any]:
         key = (state.version, state.held)
-        cached_key, ids, matrix = self._side
-        if cached_key != key or matrix is None or matrix.shape[1] != dim:
+        side = self._side
+        if side[0] != key or side[2] is None or side[2].shape[1] != dim:
             ids, matrix = self.store.rows_by_id(state.held, dim)
-            self._side = (key, ids, matrix)
-        return ids, matrix
+            side = (key, ids, matrix, np.linalg.norm(matrix, axis=1))
+            self._side = side
+        return side
 
     def search(
         self,
@@ -221,11 +231,11 @@ class PgSearcher:
         scores: npt.NDArray[np.float32],
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """The graph's top ``k`` merged with the held-out rows' exact cosine scores."""
-        side_ids, side = self.held_out_rows(len(q), state)
+        _, side_ids, side, side_norms = self._side_rows(len(q), state)
         if not len(side_ids):
             return ids, scores
         with np.errstate(invalid="ignore", divide="ignore"):
-            norms = np.linalg.norm(side, axis=1) * np.linalg.norm(q)
+            norms = side_norms * np.linalg.norm(q)
             side_scores = ((side @ q) / norms).astype(np.float32)  # a zero vector: NaN, as pgvector
         all_ids = np.concatenate([ids, side_ids])
         all_scores = np.concatenate([scores, side_scores])
