@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import inspect
 import subprocess
 import sys
@@ -33,6 +34,24 @@ def test_import_has_no_side_effects() -> None:
     code = "import sys, themis_clip; print('onnxruntime' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_index_side_loads_no_model_libraries() -> None:
+    # Vectors only: searching an index needs neither Pillow nor ONNX Runtime.
+    code = (
+        "import sys, themis_clip.index.search, themis_clip.index.stores.sqlite; "
+        "print(sorted(m for m in ('PIL', 'onnxruntime', 'tokenizers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_lazy_export_resolves_to_its_home() -> None:
+    homes = themis_clip._HOMES
+    assert set(homes) == set(themis_clip.__all__) - {"__version__"}
+    for name, home in homes.items():
+        assert getattr(themis_clip, name) is vars(importlib.import_module(home))[name], name
+    assert "OnnxClipPlugin" in dir(themis_clip)
 
 
 def test_seed_method_names_exist() -> None:
