@@ -68,7 +68,8 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("auth")
     keys_file = tmp / "keys.json"
     keys = {s: new_key(keys_file, s, f"{s}-key") for s in ("search", "write", "admin", "metrics")}
-    args = ["--model", str(tiny_model_dir), "--index", str(tmp / "idx.db"), "--no-warmup"]
+    args = ["--model", str(tiny_model_dir), "--index", str(tmp / "idx.db"), "--new-index"]
+    args.append("--no-warmup")
     args += ["--keys", str(keys_file), "--body-idle-timeout-s", "60"]
     with ServerProcess(args, env={"THEMIS_ADMIN_TOKEN": ADMIN_TOKEN}) as server:
         port = int(server.base.rsplit(":", 1)[1])

@@ -142,16 +142,25 @@ def cli_lines(paths: list[Path]) -> Iterator[tuple[Block, str]]:
 
 
 def invocations(line: str) -> list[tuple[str, list[str]]]:
-    """(sub-command, options) for each sub-command a cheat-sheet line names (``info | health``)."""
+    """(sub-command, options) for each sub-command a cheat-sheet line names (``info | health``,
+    ``models list | pull NAME``: a group's sub-command is part of the name)."""
     words = shlex.split(line.replace("[", " ").replace("]", " "), comments=True)[1:]
+    if ">" in words:
+        words = words[: words.index(">")]
+    group = words[0] if words[0] in GROUPS else None
+    if group is not None:
+        words.pop(0)
     names = [words.pop(0)]
     while len(words) >= 2 and words[0] == "|":
         words.pop(0)
         names.append(words.pop(0))
-    if ">" in words:
-        words = words[: words.index(">")]
+        while group is not None and words and not words[0].startswith("-") and words[0] != "|":
+            words.pop(0)  # the sub-command's positional argument (NAME)
     options = [w.split("=", 1)[0] for w in words if w.startswith("--")]
-    return [(name, options) for name in names]
+    return [(f"{group} {name}" if group else name, options) for name in names]
+
+
+GROUPS = ("keys", "models")  # commands whose first argument is a sub-command
 
 
 _help: dict[str, str] = {}
@@ -161,7 +170,7 @@ def help_of(command: str) -> str:
     if command not in _help:
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
-            main([command, "--help"])
+            main([*command.split(), "--help"])
         assert exited.value.code == 0, f"`themis-clip {command}` does not exist"
         _help[command] = out.getvalue()
     return _help[command]

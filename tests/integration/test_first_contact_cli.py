@@ -164,6 +164,30 @@ def test_serve_start_up_failures_are_messages_not_tracebacks(tmp_path: Path) -> 
     assert "Traceback" not in r.stderr
 
 
+def test_a_missing_index_is_refused_with_a_hint_that_keeps_its_path(tmp_path: Path) -> None:
+    """`serve --index typo.db` served a new empty index while `search` refused the same path,
+    and the hint to build one dropped `--index`, so following it built another file."""
+    typo = tmp_path / "my photos.db"
+    r = cli("serve", "--port", "0", "--index", str(typo), "--no-warmup", timeout=60)
+    assert r.returncode == 2 and not typo.exists(), r.stderr
+    assert f"--index '{typo}'" in r.stderr and "--new-index" in r.stderr, r.stderr
+    r = cli("search", "x", "--index", str(typo), timeout=60)
+    assert r.returncode == 2 and f"themis-clip index DIR --index '{typo}'" in r.stderr, r.stderr
+
+
+def test_a_bare_command_prints_help_and_typos_get_a_suggestion() -> None:
+    bare = cli(timeout=60)
+    assert bare.returncode == 0 and "usage: themis-clip" in bare.stdout and not bare.stderr
+    for args, wanted in (
+        (["serach", "x"], "did you mean 'search'?"),
+        (["search", "x", "--indx", "a.db"], "did you mean '--index'?"),
+        (["index", ".", "--batchsize", "3"], "did you mean '--batch-size'"),
+        (["models", "lst"], "did you mean 'list'?"),
+    ):
+        r = cli(*args, timeout=60)
+        assert r.returncode == 2 and wanted in r.stderr, (args, r.stderr)
+
+
 def test_embed_refuses_unknown_output_suffixes_and_bad_languages(tmp_path: Path) -> None:
     r = cli("embed", "--text", "a", "-o", str(tmp_path / "x.txt"))
     assert r.returncode == 2 and "unknown format '.txt'" in r.stderr

@@ -94,6 +94,7 @@ def server(model_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             str(model_root / "demo"),
             "--index",
             str(index),
+            "--new-index",
             "--model-root",
             str(model_root),
             "--header-timeout-s",
@@ -218,6 +219,7 @@ def test_bombs_under_the_cap_cost_one_image_of_memory_however_many_arrive(tmp_pa
         [
             "--index",
             str(tmp_path / "i.db"),
+            "--new-index",
             "--max-image-pixels",
             "40000000",
             "--max-pixels-in-flight",

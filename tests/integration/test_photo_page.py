@@ -53,7 +53,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         {"id": "dup-a", "image": jpeg_b64(scenes[3], 95)},
         {"id": "dup-b", "image": jpeg_b64(scenes[3], 60)},
     ]
-    with ServerProcess(["--index", str(tmp / "idx.db")]) as server:
+    with ServerProcess(["--index", str(tmp / "idx.db"), "--new-index"]) as server:
         r = httpx.post(f"{server.base}/index/items", json={"items": items}, timeout=60)
         assert r.status_code == 200, r.text
         yield server.base

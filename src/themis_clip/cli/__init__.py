@@ -13,11 +13,14 @@ Exit codes: 0 success; 1 some inputs failed (results for the rest are still writ
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 from themis_clip._version import __version__
 from themis_clip.allocator import pin_mmap_threshold
@@ -45,7 +48,16 @@ _GROUPS = (embed, classify, index, duplicates, dataset, serve, keys, export, dem
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (``themis-clip`` calls ``sys.exit`` on it)."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:  # a bare `themis-clip` is a question, not a mistake
+        parser.print_help()
+        return 0
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command = parser.commands[args.command]
+        options = sorted({o for p in _walk(command) for o in p.option_strings()})
+        hints = [_did_you_mean(e.split("=", 1)[0], options) for e in extras if e.startswith("-")]
+        command.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(hints))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -77,10 +89,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports it
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="themis-clip", description="CLIP embeddings on ONNX Runtime"
-    )
+class _Parser(argparse.ArgumentParser):
+    """argparse that says "did you mean" for a mistyped command, subcommand or option."""
+
+    def error(self, message: str) -> NoReturn:
+        typo = re.search(r"invalid choice: '?([^' ]*)'? \(choose from", message)
+        if typo is not None:
+            message += _did_you_mean(typo.group(1), self.choices())
+        super().error(message)
+
+    def choices(self) -> list[str]:
+        """The command names this parser dispatches on."""
+        return [str(c) for a in self._actions if isinstance(a.choices, dict) for c in a.choices]
+
+    def option_strings(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+
+    @property
+    def commands(self) -> dict[str, _Parser]:
+        return {
+            name: p
+            for a in self._actions
+            if isinstance(a.choices, dict)
+            for name, p in a.choices.items()
+        }
+
+
+def _walk(parser: _Parser) -> Iterator[_Parser]:
+    yield parser
+    for child in parser.commands.values():
+        yield from _walk(child)
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, candidates, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _parser() -> _Parser:
+    parser = _Parser(prog="themis-clip", description="CLIP embeddings on ONNX Runtime")
     parser.add_argument("--version", action="version", version=f"themis-clip {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log lifecycle events")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shlex
 import signal
 import socket
 import ssl
@@ -39,6 +40,11 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
     index_args(p)
+    p.add_argument(
+        "--new-index",
+        action="store_true",
+        help="serve an --index file that does not exist yet, empty (filled over HTTP)",
+    )
     p.add_argument("--model-root", help="folder that /admin/reload model paths must stay inside")
     p.add_argument(
         "--allow-pull",
@@ -160,6 +166,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # Start-up work that can fail happens here, before uvicorn: a failure inside its lifespan
     # is a traceback; here it is one message and exit code 2.
     if index_path:
+        local = not index_path.startswith(("postgresql://", "postgres://"))
+        if local and not args.new_index and not Path(index_path).exists():
+            raise CLIError(
+                f"no index at {index_path}: build one with `themis-clip index DIR --index "
+                f"{shlex.quote(index_path)}`, or add --new-index to serve it empty"
+            )
         VectorIndex(index_path, settings=search_settings).close()
     plugin = start_plugin(args, config)
     settings = ServerSettings(

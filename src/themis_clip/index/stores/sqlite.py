@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -92,7 +93,8 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
         self._writing_thread: int | None = None
         if readonly and not self.path.is_file():
             raise SearchIndexError(
-                f"no index at {self.path}; build one with `themis-clip index DIR`"
+                f"no index at {self.path}; build one with "
+                f"`themis-clip index DIR --index {shlex.quote(str(self.path))}`"
             )
         uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
         try:
