@@ -298,3 +298,20 @@ def test_the_demo_asks_what_its_gallery_holds_and_judges_each_top_hit(tmp_path: 
         assert int(count) >= 1 and matching, (text, names)
     right = verdicts.count("right")
     assert f"{right} of 4 top hits right" in r.stdout
+
+
+def test_demo_never_writes_into_a_folder_of_the_users(tmp_path: Path) -> None:
+    """`demo --gallery DIR` added generated images into an existing photo folder without asking
+    and wrote its index into DIR's parent."""
+    mine = tmp_path / "holiday"
+    mine.mkdir()
+    (mine / "beach.jpg").write_bytes(b"my photo")
+    r = cli("demo", "--gallery", str(mine), "--count", "3", cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "beach.jpg" in r.stderr, r.stderr
+    assert [p.name for p in mine.iterdir()] == ["beach.jpg"]
+    gallery, index = tmp_path / "new" / "gallery", tmp_path / "demo.db"
+    r = cli("demo", "--gallery", str(gallery), "--count", "3", "--index", str(index), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert index.is_file() and not (gallery.parent / "demo-index.db").exists()
+    again = cli("demo", "--gallery", str(gallery), "--count", "3", "--index", str(index))
+    assert again.returncode == 0, again.stderr  # its own gallery is reused

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
-from themis_clip.cli.common import model_args, stamp_of, start_plugin
+from themis_clip.cli.common import CLIError, model_args, shown, stamp_of, start_plugin
 from themis_clip.cli.index import _print_hits, _print_report, _query_vector
 from themis_clip.demo.queries import demo_queries
 from themis_clip.index.indexer import index_folder
@@ -22,6 +23,9 @@ def register(sub: Any) -> None:
         "--gallery", default=".cache/demo-gallery", help="where to write the generated images"
     )
     p.add_argument("--count", type=int, default=60, help="number of gallery images")
+    p.add_argument(
+        "--index", default=".cache/demo-index.db", help="the demo's index (an SQLite file)"
+    )
     model_args(p)
     p.set_defaults(func=_cmd_demo)
 
@@ -30,6 +34,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from themis_clip.demo.scenes import write_gallery
 
     gallery_dir = Path(args.gallery)
+    foreign = sorted(
+        p.name
+        for p in (gallery_dir.iterdir() if gallery_dir.is_dir() else ())
+        if not re.fullmatch(r"\d{3}-[a-z0-9-]+\.jpg", p.name)
+    )
+    if foreign:
+        raise CLIError(
+            f"{gallery_dir} holds files the demo did not write ({shown(foreign[0])}"
+            f"{', ...' if len(foreign) > 1 else ''}): give --gallery a new or empty folder"
+        )
     gallery = write_gallery(gallery_dir, args.count)
     plugin = start_plugin(args)
     try:
@@ -40,7 +54,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         )
         if stats["model_variant"] == "themis-demo-shapes":
             print("note: the demo model knows generated shapes only; use --model for real CLIP.")
-        index_path = str(gallery_dir.parent / "demo-index.db")
+        index_path = args.index
         with VectorIndex(index_path) as index:
             report = index_folder(
                 index,
