@@ -39,6 +39,8 @@ def photos(tmp_path: Path) -> Path:
 def test_index_exits_1_when_files_were_unreadable(photos: Path, tmp_path: Path) -> None:
     ok = cli("index", str(photos), cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
+    # a small index keeps exact search: no plan line, no empty "search graph" bar
+    assert "search" not in ok.stderr and "vec" not in ok.stderr, ok.stderr
     (photos / "broken.png").write_bytes(b"not a png at all")
     bad = cli("index", str(photos), cwd=tmp_path)
     assert bad.returncode == 1, bad.stdout + bad.stderr
@@ -315,3 +317,41 @@ def test_demo_never_writes_into_a_folder_of_the_users(tmp_path: Path) -> None:
     assert index.is_file() and not (gallery.parent / "demo-index.db").exists()
     again = cli("demo", "--gallery", str(gallery), "--count", "3", "--index", str(index))
     assert again.returncode == 0, again.stderr  # its own gallery is reused
+
+
+def test_wrong_input_is_said_not_silently_used(photos: Path, tmp_path: Path) -> None:
+    """An --add path that does not exist was searched as text; `embed -o x.npy` with every input
+    failed wrote a (2, 0) matrix; `classify` on an unreadable image still explained its
+    probabilities; a TIFF's damaged metadata leaked Pillow's raw warning."""
+    index = tmp_path / "i.db"
+    assert cli("index", str(photos), "--index", str(index)).returncode == 0
+    r = cli("search", "red", "--index", str(index), "--add", "holiday/missing.jpg")
+    assert r.returncode == 2 and "no image file holiday/missing.jpg" in r.stderr, r.stderr
+    r = cli("search", "red", "--index", str(index), "--add", "sunset", "-k", "1")
+    assert r.returncode == 0, r.stderr  # a word is still a text part
+    broken = [tmp_path / "a.png", tmp_path / "b.png"]
+    for path in broken:
+        path.write_bytes(b"not an image")
+    out = tmp_path / "x.npy"
+    r = cli("embed", *map(str, broken), "-o", str(out))
+    import numpy as np
+
+    matrix = np.load(out)
+    assert r.returncode == 1 and matrix.shape[0] == 2 and matrix.shape[1] > 0, matrix.shape
+    assert np.isnan(matrix).all()
+    r = cli("classify", str(broken[0]), "--labels", "cat,dog")
+    assert r.returncode == 1 and "probabilities" not in r.stdout, r.stdout
+    tiff = tmp_path / "bad.tif"
+    Image.new("RGB", (16, 16)).save(tiff, description="x" * 40)
+    data = bytearray(tiff.read_bytes())
+    import struct
+
+    (ifd,) = struct.unpack("<I", data[4:8])
+    (count,) = struct.unpack("<H", data[ifd : ifd + 2])
+    for i in range(count):
+        entry = ifd + 2 + 12 * i
+        if struct.unpack("<H", data[entry : entry + 2])[0] == 270:  # ImageDescription
+            data[entry + 8 : entry + 12] = struct.pack("<I", 10**6)
+    tiff.write_bytes(bytes(data))
+    r = cli("embed", str(tiff))
+    assert "Warning" not in r.stderr and "warnings.warn" not in r.stderr, r.stderr

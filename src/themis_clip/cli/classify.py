@@ -35,6 +35,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         raise CLIError("--top must be >= 0")
     plugin = start_plugin(args)
     failed = 0
+    shown_any = False
     try:
         for image in args.images:
             try:
@@ -43,6 +44,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                 failed += 1
                 print(f"themis-clip: {shown(image)}: {shown(str(exc))}", file=sys.stderr)
                 continue
+            shown_any = True
             ranked = sorted(scores, key=lambda s: -s.probability)
             if args.top:
                 ranked = ranked[: args.top]
@@ -62,7 +64,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                 print(shown(image))
                 for s in ranked:
                     print(f"  {100 * s.probability:6.2f}%  cosine {s.cosine:+.3f}  {s.label}")
-        if not args.json:  # what the two numbers mean, once
+        if shown_any and not args.json:  # what the two numbers mean, once
             print(
                 "(probabilities are shared out among these labels only, so one always looks likely"
                 if plugin.scoring["logit_bias"] is None

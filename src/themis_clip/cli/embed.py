@@ -79,7 +79,9 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         if args.text:
             names += args.text
             results += plugin.generate_text_embedding_batch(args.text, args.language)
-        _write(names, results, args.output, is_text=[False] * len(files) + [True] * len(args.text))
+        dim = stamp_of(plugin).embedding_dim  # a matrix of failed rows is still D wide
+        is_text = [False] * len(files) + [True] * len(args.text)
+        _write(names, results, args.output, dim=dim, is_text=is_text)
     finally:
         plugin.shutdown()
     failed = [(n, r) for n, r in zip(names, results, strict=True) if not r.ok]
@@ -161,11 +163,14 @@ def _embed_files(plugin: OnnxClipPlugin, files: Sequence[Path]) -> list[Embeddin
 
 
 def _write(
-    names: list[str], results: list[EmbeddingResult], output: str | None, *, is_text: list[bool]
+    names: list[str],
+    results: list[EmbeddingResult],
+    output: str | None,
+    *,
+    dim: int,
+    is_text: list[bool],
 ) -> None:
     if output and output.lower().endswith(".npy"):
-        dims = {r.embedding.shape[0] for r in results if r.embedding is not None}
-        dim = dims.pop() if dims else 0
         matrix = np.full((len(results), dim), np.nan, dtype=np.float32)
         for i, r in enumerate(results):
             if r.embedding is not None:

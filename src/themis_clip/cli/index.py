@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +29,7 @@ from themis_clip.cli.common import (
 )
 from themis_clip.errors import WhereError
 from themis_clip.feed import DecodeAhead
+from themis_clip.files import IMAGE_SUFFIXES
 from themis_clip.index.indexer import IndexReport, index_folder
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.search import Hit, VectorIndex
@@ -35,6 +38,8 @@ from themis_clip.index.where import Where, parse_where
 from themis_clip.loading import declared_preprocessor
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any) -> None:
@@ -155,11 +160,14 @@ def _print_report(report: IndexReport, index_path: str) -> None:
 
 def _prepare_graph(index: VectorIndex) -> None:
     """Measure (and build) the search graph once here, so later searches never wait for one;
-    a progress bar follows each graph build, and the measured plan is printed."""
-    update, bar = progress_bar("search graph", unit="vec")
+    a graph build shows a progress bar and says what it built (exact search says nothing)."""
+    bars: list[Any] = []
     phases: list[str] = []
 
     def progress(phase: str, done: int, total: int) -> None:
+        if not bars:
+            bars.extend(progress_bar(phase, unit="vec"))
+        update, bar = bars
         if not phases or phases[-1] != phase:
             phases.append(phase)
             bar.reset(total=total)
@@ -168,15 +176,17 @@ def _prepare_graph(index: VectorIndex) -> None:
 
     index.progress = progress
     try:
-        with bar:
-            built = index.prepare_graph()
+        built = index.prepare_graph()
     finally:
         index.progress = None
+        if bars:
+            bars[1].close()
     plan = index.plan
     if plan is not None:
-        verb = "built and saved" if built else "kept"
         what = "exact search" if plan.kind == "exact" else f"HNSW graph ({plan.dtype})"
-        print(f"search: {what} {verb}: {plan.reason}", file=sys.stderr)
+        log.info("search: %s %s: %s", what, "built" if built else "kept", plan.reason)
+        if built:
+            print(f"search: {what} built and saved: {plan.reason}", file=sys.stderr)
 
 
 def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
@@ -244,8 +254,16 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _part_vector(plugin: OnnxClipPlugin, value: str) -> np.ndarray:
-    """An --add/--subtract part: an existing file is an image (as rclip reads it), else text."""
+    """An --add/--subtract part: an existing file is an image (as rclip reads it), else text;
+    a path to no file (a separator or an image suffix) is an error, not a text query."""
     is_file = Path(value).is_file()
+    looks_like_path = (
+        os.sep in value or "/" in value or Path(value).suffix.lower() in IMAGE_SUFFIXES
+    )
+    if not is_file and looks_like_path:
+        raise CLIError(
+            f"no image file {shown(value)} (an --add or --subtract text has no path in it)"
+        )
     return _query_vector(plugin, None if is_file else value, value if is_file else None)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from themis_clip.files import open_regular
 
-__all__ = ["read_exif"]
+__all__ = ["quiet_pillow", "read_exif"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
         return {}
     try:
         with fp:
-            _quiet_pillow()
+            quiet_pillow()
             return _open_and_read(Image, fp)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         log.debug("no EXIF read: %s", exc)
@@ -65,12 +65,13 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
 
 
 @functools.cache
-def _quiet_pillow() -> None:
-    """Pillow's warnings on a corrupt EXIF block ("Corrupt EXIF data", "Tag data larger than
-    file") reach stderr at every such photo; the dropped keys say it already. Filters for
-    those messages only, added at the first read (``catch_warnings`` is not thread-safe)."""
-    for message in ("Corrupt EXIF data", "Tag data larger than file", "Possibly corrupt EXIF"):
-        warnings.filterwarnings("ignore", message=message, category=UserWarning)
+def quiet_pillow() -> None:
+    """Pillow's warnings on damaged metadata ("Corrupt EXIF data", "Truncated File Read", "Tag
+    offset too large", ...) reached stderr at every such photo; the refusal or the dropped keys
+    say it already. Ignores Pillow's own UserWarnings from its metadata parsers, once
+    (``catch_warnings`` is not thread-safe); decompression-bomb warnings are not UserWarnings."""
+    for module in (r"PIL\.TiffImagePlugin", r"PIL\.Image", r"PIL\.JpegImagePlugin"):
+        warnings.filterwarnings("ignore", category=UserWarning, module=module)
 
 
 def _open_and_read(image: Any, fp: Any) -> dict[str, Any]:

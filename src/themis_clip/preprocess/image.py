@@ -53,6 +53,7 @@ from themis_clip.preprocess.containers import (
 )
 from themis_clip.preprocess.deadline import DeadlineReader
 from themis_clip.preprocess.depth import to_8bit
+from themis_clip.preprocess.exif import quiet_pillow
 from themis_clip.preprocess.resample import crop_of_resize
 from themis_clip.vocabulary import (
     CLIP_MEAN,
@@ -288,6 +289,7 @@ def readable_formats() -> tuple[str, ...]:
 
 
 def _open(fp: Any, what: str, format_hint: str | None = None) -> Image.Image:
+    quiet_pillow()
     if format_hint:
         Image.init()
         if format_hint.upper() in Image.OPEN:
