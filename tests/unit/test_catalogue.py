@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import resources
@@ -209,3 +210,19 @@ def test_the_download_bar_shows_bytes_rate_and_eta() -> None:
     assert "2.50M/10.0M" in text and "B/s" in text and "<" in text  # bytes, rate, ETA
     hidden = bar_class(desc="Downloading bytes", total=0, file=out)
     assert hidden.disable
+
+
+def test_models_list_starts_with_models_that_exist_and_marks_languages(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "themis_clip.cli", "models", "list"],
+        env={**os.environ, "HF_HUB_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+    assert out[0].startswith("start here: ")
+    names = {m["name"] for m in _document()["models"]}  # type: ignore[union-attr]
+    suggested = re.findall(r"([\w.-]+__[\w.-]+) \(", out[0])
+    assert len(suggested) == 3 and set(suggested) <= names, suggested
+    assert any(" multilingual " in line for line in out if line.startswith("  nllb-clip"))

@@ -53,9 +53,23 @@ def model_args(p: argparse.ArgumentParser) -> None:
         help="model directory, image-tower .onnx, Hub repo id (org/name[@rev]) or catalogue "
         "name (themis-clip models list); default: the shipped demo model",
     )
-    p.add_argument("--config", help="JSON config file (the seed's format)")
-    p.add_argument("--backend", choices=[b.value for b in BackendType], help="execution backend")
-    p.add_argument("--batch-size", type=int, help="max_batch_size")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a JSON settings file (model, backend, preprocessing, search; see "
+        "docs/configuration.md); flags override it",
+    )
+    p.add_argument(
+        "--backend",
+        choices=[b.value for b in BackendType],
+        help="where the model runs (default auto: the fastest available, else cpu)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="images or texts per model run (default 32); larger uses more memory",
+    )
 
 
 def _config_file(path: str) -> PluginConfig:

@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 def register(sub: Any) -> None:
     p = sub.add_parser("index", help="index the images under a folder (incremental, resumable)")
-    p.add_argument("folder")
+    p.add_argument(
+        "folder", help="the folder of photos (walked recursively; run again to add what changed)"
+    )
     index_args(p)
     p.add_argument("--rebuild", action="store_true", help="delete the index first")
     p.add_argument(

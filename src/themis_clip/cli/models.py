@@ -62,12 +62,23 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(row, ensure_ascii=False))
         return 0
-    print(f"  {'name':<52} {'family':<16} {'dim':>5} {'size':>5}  repo")
+    if not (args.family or args.language):
+        print(
+            "start here: ViT-B-32__openai (English, 512-d, fast on a CPU); "
+            "nllb-clip-base-siglip__v1 (200 languages); ViT-B-16-SigLIP-384__webli "
+            "(English, better, slower)"
+        )
+    print(f"  {'name':<52} {'family':<14} {'dim':>5} {'px':>4}  {'languages':<12} repo")
     for row in rows:
         mark = "*" if row["cached"] else " "
         dim = row["embedding_dim"] or "-"
         size = row["image_size"] or "-"
-        print(f"{mark} {row['name']:<52} {row['family']:<16} {dim:>5} {size:>5}  {row['repo']}")
+        langs = ",".join(row["languages"] or ["?"])
+        print(
+            f"{mark} {row['name']:<52} {row['family']:<14} {dim:>5} {size:>4}  {langs:<12} "
+            f"{row['repo']}"
+        )
+    print("(* = cached here; px: the image side the model reads; ? = not recorded)")
     return 0
 
 
