@@ -315,8 +315,11 @@ def test_demo_never_writes_into_a_folder_of_the_users(tmp_path: Path) -> None:
     r = cli("demo", "--gallery", str(gallery), "--count", "3", "--index", str(index), timeout=120)
     assert r.returncode == 0, r.stderr
     assert index.is_file() and not (gallery.parent / "demo-index.db").exists()
-    again = cli("demo", "--gallery", str(gallery), "--count", "3", "--index", str(index))
-    assert again.returncode == 0, again.stderr  # its own gallery is reused
+    again = cli("demo", "--gallery", str(gallery), "--count", "3")
+    assert again.returncode == 0, again.stderr  # its own gallery is reused, its index inside it
+    assert (gallery / "demo-index.db").is_file() and "3 added" in again.stdout
+    third = cli("demo", "--gallery", str(gallery), "--count", "3")
+    assert third.returncode == 0 and "3 unchanged" in third.stdout, third.stdout + third.stderr
 
 
 def test_wrong_input_is_said_not_silently_used(photos: Path, tmp_path: Path) -> None:

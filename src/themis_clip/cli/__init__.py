@@ -36,7 +36,7 @@ from themis_clip.cli import (
     models,
     serve,
 )
-from themis_clip.cli.common import CLIError, shown
+from themis_clip.cli.common import CLIError, not_initialize_failed, shown
 from themis_clip.cli.extras import missing_extra
 from themis_clip.errors import ThemisClipError
 
@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("themis_clip.plugin").addFilter(not_initialize_failed)
     # Freed image buffers go back to the system (see themis_clip.allocator): a burst of large
     # images must not leave each decode thread's heap holding one image's worth of memory.
     pin_mmap_threshold()

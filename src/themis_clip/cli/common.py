@@ -133,7 +133,9 @@ def graph_settings(args: argparse.Namespace) -> GraphSettings:
     return GraphSettings(target_recall=target, dtype=dtype)
 
 
-def _not_initialize_failed(record: logging.LogRecord) -> bool:
+def not_initialize_failed(record: logging.LogRecord) -> bool:
+    """A log filter: the plugin logs a failed start for library callers; the CLI's exit
+    message says it, once."""
     return not str(record.msg).startswith("initialize failed")
 
 
@@ -147,14 +149,7 @@ def start_plugin(
     (``lazy_textual``: the text tower opens on its first use; indexing never needs it)."""
     config = config or config_from(args)
     plugin = OnnxClipPlugin(lazy_textual=lazy_textual)
-    # The plugin logs a failed start for library callers; here the exit message says it, once.
-    plugin_log = logging.getLogger("themis_clip.plugin")
-    plugin_log.addFilter(_not_initialize_failed)
-    try:
-        ok = plugin.initialize(config)
-    finally:
-        plugin_log.removeFilter(_not_initialize_failed)
-    if not ok:
+    if not plugin.initialize(config):
         raise CLIError(f"cannot initialise the model: {plugin.last_error}")
     return plugin
 

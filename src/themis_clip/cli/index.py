@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from themis_clip import jsonio
-from themis_clip.budget import PixelBudget
 from themis_clip.cli.common import (
     CLIError,
     config_from,
@@ -27,17 +22,12 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
+from themis_clip.collection import Collection, Query
 from themis_clip.errors import WhereError
-from themis_clip.feed import DecodeAhead
-from themis_clip.files import IMAGE_SUFFIXES
-from themis_clip.index.indexer import IndexReport, index_folder
-from themis_clip.index.query import QueryMode, combine, search_page
+from themis_clip.index.indexer import IndexReport
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.stores.base import is_url
 from themis_clip.index.where import Where, parse_where
-from themis_clip.loading import declared_preprocessor
-from themis_clip.plugin import OnnxClipPlugin
-from themis_clip.preprocess.exif import read_exif
 
 log = logging.getLogger(__name__)
 
@@ -101,52 +91,32 @@ def _cmd_index(args: argparse.Namespace) -> int:
     settings = graph_settings(args)
     if args.rebuild:
         VectorIndex.remove(args.index)
-    config = config_from(args)
     # An index this run creates is removed again if the model never opens (an empty file
     # with no model bound was left behind, which a later search called "open read-only").
     fresh = not is_url(args.index) and not Path(args.index).exists()
-    # decodes ahead share a pixel budget of the plugin's size, as the plugin's own decodes do
-    early = declared_preprocessor(config, budget=PixelBudget(config.preprocess.pixel_budget))
-    # The session opens (image tower only) in a thread while the folder is walked and hashed
-    # and, where the model declares its preprocessing, its first images decode.
-    with ThreadPoolExecutor(1, thread_name_prefix="themis-open") as opener:
-        opening = opener.submit(start_plugin, args, config, lazy_textual=True)
-        feed = None
-        if early is None:  # nothing to decode before the model: open it first, as before
-            opening.result()
-        else:
-            batch = config.max_batch_size
-            window = (config.prefetch_batches + 1) * batch
-            feed = DecodeAhead(
-                early, opening.result, workers=config.preprocess_workers, window=window
-            )
-        try:
-            with VectorIndex(args.index, settings=settings) as index:
-                update, bar = progress_bar("indexing")
-                with bar:
-                    report = index_folder(
-                        index,
-                        folder,
-                        feed if feed is not None else opening.result(),
-                        stamp=lambda: stamp_of(opening.result()),
-                        chunk=4 * config.max_batch_size,
-                        progress=update,
-                        metadata=read_exif,  # taken, camera, gps, upright width/height
-                        metadata_version="files+exif-1",
-                        prefetch=feed.prefetch if feed is not None else None,
-                    )
-                _prepare_graph(index)
-        except BaseException:
-            if fresh and opening.done() and opening.exception() is not None:
-                VectorIndex.remove(args.index)
-            raise
-        finally:
-            if feed is not None:
-                feed.close()
-            if opening.exception() is None:
-                opening.result().shutdown()
+    collection = Collection.open(args.index, config_from(args), settings=settings)
+    try:
+        update, bar = progress_bar("indexing")
+        with bar:
+            report = collection.index_folder(folder, progress=update)
+        _prepare_graph(collection.index)
+    except BaseException:
+        failed_to_open = _model_failed(collection)
+        collection.close()
+        if fresh and failed_to_open:
+            VectorIndex.remove(args.index)
+        raise
+    collection.close()
     _print_report(report, args.index)
     return 1 if report.failed else 0  # the rest is indexed; exit 1 says some files were not
+
+
+def _model_failed(collection: Collection) -> bool:
+    try:
+        collection.plugin  # noqa: B018 -- waits for the model to open
+    except Exception:
+        return True
+    return False
 
 
 def _print_report(report: IndexReport, index_path: str) -> None:
@@ -224,60 +194,14 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.hybrid and not args.query:
         raise CLIError("--hybrid needs a text query (its words are matched)")
     filters = _parse_filters(args.filter) or None
-    with VectorIndex(index_location(args) or "", readonly=True) as index:
-        plugin = start_plugin(args, lazy_textual=True)
-        try:
-            index.bind_model(stamp_of(plugin))  # refuses an index made by another model
-            parts = [  # TEXT and --image together: both parts of one query (rclip's --add)
-                (_query_vector(plugin, text, image), 1.0)
-                for text, image in ((args.query, None), (None, args.image))
-                if text is not None or image is not None
-            ]
-            parts += [(_part_vector(plugin, t), 1.0) for t in args.add]
-            parts += [(_part_vector(plugin, t), -1.0) for t in args.subtract]
-        finally:
-            plugin.shutdown()
-        vector = combine(parts)
-        if args.hybrid:
-            hits = search_page(
-                index,
-                mode=QueryMode.HYBRID,
-                k=args.k,
-                identity={},
-                vector=vector,
-                text=args.query,
-                filters=filters,
-                where=args.where,
-            ).hits
-        else:
-            hits = index.search(vector, args.k, filters, where=args.where)
+    query = Query(text=args.query, image=args.image, add=args.add, subtract=args.subtract)
+    location = index_location(args) or ""
+    with Collection.open(location, config_from(args), readonly=True) as collection:
+        hits = collection.search(
+            query, k=args.k, filters=filters, where=args.where, hybrid=args.hybrid
+        )
     _print_hits(hits, as_json=args.json)
     return 0
-
-
-def _part_vector(plugin: OnnxClipPlugin, value: str) -> np.ndarray:
-    """An --add/--subtract part: an existing file is an image (as rclip reads it), else text;
-    a path to no file (a separator or an image suffix) is an error, not a text query."""
-    is_file = Path(value).is_file()
-    looks_like_path = (
-        os.sep in value or "/" in value or Path(value).suffix.lower() in IMAGE_SUFFIXES
-    )
-    if not is_file and looks_like_path:
-        raise CLIError(
-            f"no image file {shown(value)} (an --add or --subtract text has no path in it)"
-        )
-    return _query_vector(plugin, None if is_file else value, value if is_file else None)
-
-
-def _query_vector(plugin: OnnxClipPlugin, text: str | None, image: str | None) -> np.ndarray:
-    if (text is None) == (image is None):
-        raise CLIError("give either a text query or --image FILE")
-    result = (
-        plugin.generate_embedding(image) if image else plugin.generate_text_embedding(text or "")
-    )
-    if not result.ok or result.embedding is None:
-        raise CLIError(f"cannot embed the query: {result.error}")
-    return result.embedding
 
 
 def _parse_filters(raw: list[str]) -> dict[str, Any]:
