@@ -69,9 +69,11 @@ class Query:
             raise InputError("the text query is empty")
 
 
-def open_plugin(config: PluginConfig, *, lazy_textual: bool = False) -> OnnxClipPlugin:
-    """An initialised plugin for ``config``; raises :class:`ModelError` with the reason."""
-    plugin = OnnxClipPlugin(lazy_textual=lazy_textual)
+def open_plugin(
+    config: PluginConfig, *, plugin: OnnxClipPlugin | None = None, lazy_textual: bool = False
+) -> OnnxClipPlugin:
+    """``plugin`` (or a new one) initialised for ``config``; raises :class:`ModelError`."""
+    plugin = plugin or OnnxClipPlugin(lazy_textual=lazy_textual)
     if not plugin.initialize(config):
         raise ModelError(f"cannot initialise the model: {plugin.last_error}")
     return plugin
@@ -86,6 +88,8 @@ class Collection:
             folder is walked and its first images decode meanwhile).
         config: the plugin's configuration, where the model is still opening (its declared
             preprocessing lets images decode before the model is open).
+        budget: the plugin's decoded-pixel budget (:meth:`OnnxClipPlugin.decode_budget`),
+            where the model is still opening.
     """
 
     def __init__(
@@ -94,10 +98,12 @@ class Collection:
         plugin: OnnxClipPlugin | Callable[[], OnnxClipPlugin],
         *,
         config: PluginConfig | None = None,
+        budget: PixelBudget | None = None,
     ) -> None:
         self.index = index
         self._plugin = plugin
         self._config = config
+        self._budget = budget
         self._closers: list[Callable[[], None]] = []
 
     @classmethod
@@ -112,15 +118,17 @@ class Collection:
         """Open ``index`` (an SQLite file or a ``postgresql://`` URL) and start the model of
         ``config`` in the background; :meth:`close` (or ``with``) closes both. The text tower
         opens on its first use (indexing never needs it)."""
+        plugin = OnnxClipPlugin(lazy_textual=True)
+        budget = plugin.decode_budget(config)  # the images decoded ahead count against it
         opener = ThreadPoolExecutor(1, thread_name_prefix="themis-open")
-        opening: Future[OnnxClipPlugin] = opener.submit(open_plugin, config, lazy_textual=True)
+        opening: Future[OnnxClipPlugin] = opener.submit(open_plugin, config, plugin=plugin)
         opener.shutdown(wait=False)
         try:
             vector_index = VectorIndex(str(index), readonly=readonly, settings=settings)
         except BaseException:
             _shut_when_open(opening)
             raise
-        collection = cls(vector_index, opening.result, config=config)
+        collection = cls(vector_index, opening.result, config=config, budget=budget)
         collection._closers += [lambda: _shut_when_open(opening), vector_index.close]
         return collection
 

@@ -472,6 +472,12 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         self._config = config
         return after_drain
 
+    def decode_budget(self, config: PluginConfig) -> PixelBudget:
+        """The decoded-pixel budget this plugin's decodes share under ``config``; a decoder
+        working for it from outside (decoding ahead while the model opens) takes the same one,
+        so that together they never hold more than the user set."""
+        return self._pool.budget_for(config.preprocess.pixel_budget)
+
     # -- internals -----------------------------------------------------------------------------
 
     @property
