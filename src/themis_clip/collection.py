@@ -149,10 +149,13 @@ class Collection:
         folder: str | Path,
         *,
         progress: Callable[[int, int], None] | None = None,
+        exclude: Sequence[str] = (),
     ) -> IndexReport:
         """Bring the index up to date with the images under ``folder`` (recursive,
         incremental, resumable): each file's folder, name, size, modification time and EXIF
-        (taken, camera, GPS, upright size) are recorded beside its vector."""
+        (taken, camera, GPS, upright size) are recorded beside its vector. NAS, system and
+        trash files are skipped, and what matches a glob of ``exclude``
+        (``report.skipped`` counts them by reason)."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError(f"not a folder: {folder}")
@@ -179,6 +182,7 @@ class Collection:
                 metadata=read_exif,
                 metadata_version=METADATA_VERSION,
                 prefetch=feed.prefetch if feed is not None else None,
+                exclude=exclude,
             )
         finally:
             if feed is not None:

@@ -358,3 +358,21 @@ def test_wrong_input_is_said_not_silently_used(photos: Path, tmp_path: Path) -> 
     tiff.write_bytes(bytes(data))
     r = cli("embed", str(tiff))
     assert "Warning" not in r.stderr and "warnings.warn" not in r.stderr, r.stderr
+
+
+def test_index_walks_past_nas_junk_and_honours_exclude(photos: Path, tmp_path: Path) -> None:
+    thumbs = photos / "@eaDir" / "red.png"
+    thumbs.mkdir(parents=True)
+    Image.new("RGB", (32, 32), (200, 200, 20)).save(thumbs / "SYNOPHOTO_THUMB_M.jpg")
+    (photos / "._red.png").write_bytes(b"\x00\x05\x16\x07AppleDouble")
+    (photos / "screens").mkdir()
+    Image.new("RGB", (32, 32), (20, 200, 200)).save(photos / "screens" / "s.png")
+    index = tmp_path / "i.db"
+    r = cli("index", str(photos), "--index", str(index), "--exclude", "screens")
+    assert r.returncode == 0, r.stdout + r.stderr  # the AppleDouble file is no "unreadable"
+    assert "2 added" in r.stdout and "not walked: 3" in r.stdout, r.stdout
+    assert "@eaDir 1" in r.stdout and "--exclude screens 1" in r.stdout, r.stdout
+    r = cli("index", str(photos), "--index", str(index))  # without --exclude: screens joins
+    assert "1 added" in r.stdout, r.stdout
+    r = cli("index", str(photos), "--index", str(index), "--exclude", "screens")
+    assert "1 removed" in r.stdout, r.stdout

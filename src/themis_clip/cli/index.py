@@ -40,6 +40,14 @@ def register(sub: Any) -> None:
     index_args(p)
     p.add_argument("--rebuild", action="store_true", help="delete the index first")
     p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip files and folders whose name or relative path matches (repeatable; NAS, "
+        "system and trash files such as @eaDir, ._*, Thumbs.db are always skipped)",
+    )
+    p.add_argument(
         "--from-parquet", action="store_true", help="FOLDER holds embed-dataset Parquet output"
     )
     model_args(p)
@@ -98,7 +106,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     try:
         update, bar = progress_bar("indexing")
         with bar:
-            report = collection.index_folder(folder, progress=update)
+            report = collection.index_folder(folder, progress=update, exclude=args.exclude)
         _prepare_graph(collection.index)
     except BaseException:
         failed_to_open = _model_failed(collection)
@@ -128,6 +136,9 @@ def _print_report(report: IndexReport, index_path: str) -> None:
     )
     for path, error in report.failed:
         print(f"  skipped {shown(path)}: {shown(error)}")
+    if report.skipped:
+        reasons = ", ".join(f"{shown(r)} {n}" for r, n in sorted(report.skipped.items()))
+        print(f"  not walked: {sum(report.skipped.values())} ({reasons})")
 
 
 def _prepare_graph(index: VectorIndex) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -64,6 +65,7 @@ class IndexReport:
     removed: int = 0
     failed: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    skipped: Counter[str] = field(default_factory=Counter)  # reason -> files or folders
 
     @property
     def embedded(self) -> int:
@@ -184,8 +186,13 @@ def index_folder(
     metadata: MetadataReader | None = None,
     metadata_version: str = "1",
     prefetch: Callable[[list[Path]], None] | None = None,
+    exclude: Sequence[str] = (),
 ) -> IndexReport:
     """Bring ``index`` up to date with the images under ``folder``.
+
+    The walk skips NAS, system and trash files (:data:`~themis_clip.files.JUNK`), hidden
+    folders and what matches a glob of ``exclude``, counted by reason in ``report.skipped``;
+    an item indexed before under a path now skipped leaves the index.
 
     ``progress(done, total)`` is called after every committed chunk of embeddings (library
     code draws nothing; a bool is accepted as "no callback" for older callers).
@@ -210,7 +217,7 @@ def index_folder(
     seen: set[str] = set()
     unchanged: list[StoredItem] = []
     todo: list[tuple[Path, os.stat_result, str | None]] = []
-    for path in walk_images(folder):
+    for path in walk_images(folder, exclude=exclude, skipped=report.skipped):
         key = str(path)
         try:
             key.encode("utf-8")
