@@ -45,7 +45,7 @@ __all__ = ["METADATA_VERSION", "Collection", "Query"]
 log = logging.getLogger(__name__)
 
 #: What a folder index records of each file beyond its vector (bump to re-read it).
-METADATA_VERSION = "files+exif-1"
+METADATA_VERSION = "files+exif+companions-2"
 
 _Vector = npt.NDArray[np.float32]
 

@@ -14,13 +14,22 @@ from typing import BinaryIO
 __all__ = [
     "IMAGE_SUFFIXES",
     "JUNK",
+    "RAW_SUFFIXES",
     "NotARegularFileError",
     "open_regular",
+    "pair_companions",
     "sha256_of",
     "walk_images",
 ]
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+#: Camera RAW files (read through their embedded preview; the ``photos`` extra).
+RAW_SUFFIXES = frozenset({".cr2", ".cr3", ".nef", ".arw", ".dng", ".raf", ".orf", ".rw2"})
+#: Files the walker takes as images (HEIC, HEIF, JXL and RAW need the ``photos`` extra).
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".avif"}
+    | {".heic", ".heif", ".jxl"}
+    | RAW_SUFFIXES
+)
 _CHUNK = 1 << 20
 
 
@@ -84,6 +93,39 @@ def walk_images(
             else:
                 out.append(path)
     return sorted(out)
+
+
+def pair_companions(paths: Sequence[Path]) -> tuple[list[Path], dict[Path, dict[str, str]]]:
+    """One photo, several files: a RAW beside a JPEG (or HEIC, ...) of the same name is one
+    item, the other file embedded and the RAW named beside it (``raw``); an iPhone Live
+    Photo's still beside its ``.MOV`` names the video (``live_video``). Returns the files to
+    embed and, for each that has some, its companions."""
+    groups: dict[tuple[Path, str], list[Path]] = {}
+    for path in paths:
+        groups.setdefault((path.parent, path.stem.lower()), []).append(path)
+    kept: list[Path] = []
+    extra: dict[Path, dict[str, str]] = {}
+    for group in groups.values():
+        raws = [p for p in group if p.suffix.lower() in RAW_SUFFIXES]
+        stills = [p for p in group if p.suffix.lower() not in RAW_SUFFIXES]
+        if raws and stills:
+            for still in stills:
+                extra[still] = {"raw": raws[0].name}
+            group = stills
+        kept += group
+        for still in group:
+            if still.suffix.lower() in _LIVE_STILLS:
+                video = next((v for v in _videos(still) if v.is_file()), None)
+                if video is not None:
+                    extra.setdefault(still, {})["live_video"] = video.name
+    return sorted(kept), extra
+
+
+_LIVE_STILLS = frozenset({".heic", ".heif", ".jpg", ".jpeg"})
+
+
+def _videos(still: Path) -> tuple[Path, ...]:
+    return (still.with_suffix(".MOV"), still.with_suffix(".mov"))
 
 
 def _skip(name: str, relative: Path, exclude: Sequence[str]) -> str | None:

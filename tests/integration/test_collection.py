@@ -20,7 +20,10 @@ def _photos(folder: Path) -> Path:
     (folder / "2019").mkdir(parents=True)
     (folder / "2023").mkdir()
     for i in range(3):
-        old, new = Image.fromarray(photo_like(48, 32, i)), Image.fromarray(photo_like(48, 32, 9 + i))
+        old, new = (
+            Image.fromarray(photo_like(48, 32, i)),
+            Image.fromarray(photo_like(48, 32, 9 + i)),
+        )
         for image, year in ((old, "2019"), (new, "2023")):
             exif = Image.Exif()
             exif.get_ifd(0x8769)[0x9003] = f"{year}:07:14 18:03:11"  # DateTimeOriginal

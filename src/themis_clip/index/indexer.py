@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.files import IMAGE_SUFFIXES, sha256_of, walk_images
+from themis_clip.files import IMAGE_SUFFIXES, pair_companions, sha256_of, walk_images
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow, Store, StoredItem
 from themis_clip.interface import EmbeddingResult, ImageData
@@ -108,6 +108,17 @@ def file_metadata(
     if read is not None:
         meta.update(read(path))
     return meta
+
+
+def _with_companions(
+    read: MetadataReader | None, companions: Mapping[Path, Mapping[str, str]]
+) -> MetadataReader:
+    """``read`` and the files recorded beside each embedded one (its RAW, its Live video)."""
+
+    def both(path: Path) -> Mapping[str, Any]:
+        return {**(read(path) if read is not None else {}), **companions.get(path, {})}
+
+    return both
 
 
 def _row(
@@ -217,7 +228,12 @@ def index_folder(
     seen: set[str] = set()
     unchanged: list[StoredItem] = []
     todo: list[tuple[Path, os.stat_result, str | None]] = []
-    for path in walk_images(folder, exclude=exclude, skipped=report.skipped):
+    walked, companions = pair_companions(
+        walk_images(folder, exclude=exclude, skipped=report.skipped)
+    )
+    if companions:
+        metadata = _with_companions(metadata, companions)
+    for path in walked:
         key = str(path)
         try:
             key.encode("utf-8")

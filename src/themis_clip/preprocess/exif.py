@@ -19,6 +19,7 @@ dropped, an offset that is not a real one (``+99:99``) leaves the time without a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -30,7 +31,7 @@ from typing import Any
 
 from themis_clip.files import open_regular
 
-__all__ = ["quiet_pillow", "read_exif"]
+__all__ = ["prepare_pillow", "read_exif"]
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +58,56 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
         return {}
     try:
         with fp:
-            quiet_pillow()
-            return _open_and_read(Image, fp)
+            prepare_pillow()
+            try:
+                return _open_and_read(Image, fp)
+            except UnidentifiedImageError:
+                fp.seek(0)
+                return _raw_exif(Image, fp.read(_RAW_HEAD))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         log.debug("no EXIF read: %s", exc)
         return {}
 
 
+# Camera RAWs shaped like TIFF (CR2, NEF, ARW, DNG; ORF and RW2 with a magic of their own):
+# their EXIF is in the first megabytes, readable as a TIFF directory even where Pillow cannot
+# open the picture.
+_RAW_HEAD = 16 << 20
+_TIFF_LIKE = {b"II*\x00": b"II*\x00", b"MM\x00*": b"MM\x00*", b"IIRO": b"II*\x00"}
+_TIFF_LIKE |= {b"IIRS": b"II*\x00", b"IIU\x00": b"II*\x00", b"MMOR": b"MM\x00*"}
+
+
+def _raw_exif(image: Any, head: bytes) -> dict[str, Any]:
+    magic = _TIFF_LIKE.get(head[:4])
+    if magic is None:
+        return {}
+    exif = image.Exif()
+    try:
+        exif.load(magic + head[4:])
+    except Exception as exc:  # a damaged directory is Pillow's many errors
+        log.debug("unreadable RAW EXIF: %s", exc)
+        return {}
+    out: dict[str, Any] = {}
+    _read(exif, out)
+    return out
+
+
 @functools.cache
-def quiet_pillow() -> None:
-    """Pillow's warnings on damaged metadata ("Corrupt EXIF data", "Truncated File Read", "Tag
-    offset too large", ...) reached stderr at every such photo; the refusal or the dropped keys
-    say it already. Ignores Pillow's own UserWarnings from its metadata parsers, once
-    (``catch_warnings`` is not thread-safe); decompression-bomb warnings are not UserWarnings."""
+def prepare_pillow() -> None:
+    """Once: register the photo formats Pillow lacks where installed (the ``photos`` extra:
+    HEIC/HEIF by ``pillow-heif``, JPEG XL by ``pillow-jxl-plugin``; Pillow reads AVIF itself),
+    and silence Pillow's warnings on damaged metadata ("Corrupt EXIF data", "Truncated File
+    Read", ...), which reached stderr at every such photo while the refusal or the dropped keys
+    say it already (its own UserWarnings from its parsers only; ``catch_warnings`` is not
+    thread-safe; decompression-bomb warnings are not UserWarnings)."""
     for module in (r"PIL\.TiffImagePlugin", r"PIL\.Image", r"PIL\.JpegImagePlugin"):
         warnings.filterwarnings("ignore", category=UserWarning, module=module)
+    with contextlib.suppress(ImportError):
+        import pillow_heif
+
+        pillow_heif.register_heif_opener()
+    with contextlib.suppress(ImportError):
+        import pillow_jxl  # noqa: F401 -- registers the JXL plugin with Pillow
 
 
 def _open_and_read(image: Any, fp: Any) -> dict[str, Any]:

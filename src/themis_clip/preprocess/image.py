@@ -53,7 +53,8 @@ from themis_clip.preprocess.containers import (
 )
 from themis_clip.preprocess.deadline import DeadlineReader
 from themis_clip.preprocess.depth import to_8bit
-from themis_clip.preprocess.exif import quiet_pillow
+from themis_clip.preprocess.exif import prepare_pillow
+from themis_clip.preprocess.raw import RAW_SUFFIXES, looks_raw, raw_support, read_raw
 from themis_clip.preprocess.resample import crop_of_resize
 from themis_clip.vocabulary import (
     CLIP_MEAN,
@@ -123,6 +124,17 @@ def decode_image(
     elif isinstance(data, bytes | bytearray | memoryview):
         if len(data) == 0:
             raise ImageDecodeError("empty image data (0 bytes)")
+        picture = _raw_picture(data, None, max_image_pixels, reserve)
+        if picture is not None:
+            return decode_image(
+                picture[0],
+                max_image_pixels=max_image_pixels,
+                apply_exif=apply_exif,
+                draft_min_side=draft_min_side,
+                orientation=orientation or picture[1],
+                reserve=reserve,
+                decode_timeout_s=decode_timeout_s,
+            )
         deadline = time.monotonic() + decode_timeout_s
         check_container(data, None, max_image_pixels)
         fp = DeadlineReader(io.BytesIO(data), deadline, decode_timeout_s)
@@ -143,6 +155,18 @@ def decode_image(
                 deadline = time.monotonic() + decode_timeout_s
                 size = os.fstat(fh.fileno()).st_size
                 with mapped(fh, size) as raw:
+                    suffix = os.path.splitext(path)[1]
+                    picture = _raw_picture(raw, suffix, max_image_pixels, reserve)
+                    if picture is not None:
+                        return decode_image(
+                            picture[0],
+                            max_image_pixels=max_image_pixels,
+                            apply_exif=apply_exif,
+                            draft_min_side=draft_min_side,
+                            orientation=orientation or picture[1],
+                            reserve=reserve,
+                            decode_timeout_s=decode_timeout_s,
+                        )
                     check_container(raw, None, max_image_pixels)
                     img = _checked_load(
                         _open(DeadlineReader(fh, deadline, decode_timeout_s), path, format_hint),
@@ -173,6 +197,29 @@ def decode_image(
     if img.mode in _HIGH_DEPTH_MODES:
         img = _to_8bit(img)
     return img
+
+
+def _raw_picture(
+    data: Any, suffix: str | None, max_image_pixels: int, reserve: Callable[[int, int], None] | None
+) -> tuple[bytes | npt.NDArray[np.uint8], int] | None:
+    """A camera RAW file's picture and the EXIF orientation that rights it: the embedded
+    preview (JPEG bytes) or LibRaw's decode (upright already); None where ``data`` is no RAW."""
+    head = bytes(memoryview(data).cast("B")[:16])
+    if not looks_raw(head, suffix):
+        return None
+    if not raw_support():
+        if suffix is not None and suffix.lower() in RAW_SUFFIXES:
+            raise ImageDecodeError(
+                "camera RAW files need rawpy: pip install 'themis-onnx-clip[photos]'"
+            )
+        return None
+    found = read_raw(data, max_image_pixels=max_image_pixels, reserve=reserve)
+    if found is None:
+        return None
+    if found.jpeg is not None:
+        return found.jpeg, found.orientation
+    assert found.rgb is not None
+    return found.rgb, 1
 
 
 def _turn_of(img: Image.Image, orientation: int | None) -> Image.Transpose | None:
@@ -283,13 +330,14 @@ def describe_image(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def readable_formats() -> tuple[str, ...]:
+    prepare_pillow()
     """Pillow format names this process can decode (``PluginInfo.supported_formats``)."""
     Image.init()
     return tuple(sorted(Image.OPEN))
 
 
 def _open(fp: Any, what: str, format_hint: str | None = None) -> Image.Image:
-    quiet_pillow()
+    prepare_pillow()
     if format_hint:
         Image.init()
         if format_hint.upper() in Image.OPEN:

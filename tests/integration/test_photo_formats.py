@@ -1,0 +1,191 @@
+"""Every format phones and cameras write: HEIC, AVIF, JPEG XL and camera RAW (a DNG built here
+from sensor data), embedded like the PNG of the same picture, with their EXIF, paired with
+their JPEG or Live video, through the library, the CLI and HTTP."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from themis_clip import ModelConfig, OnnxClipPlugin, PluginConfig, demo_model_path
+from themis_clip.collection import Collection
+from themis_clip.preprocess.exif import prepare_pillow, read_exif
+
+EXE = str(Path(sys.executable).parent / "themis-clip")
+RED = (210, 30, 40)
+
+
+def scene() -> Image.Image:
+    """A red disc on blue: a picture the demo model knows."""
+    img = Image.new("RGB", (160, 120), (30, 60, 200))
+    yy, xx = np.mgrid[:120, :160]
+    mask = (xx - 80) ** 2 + (yy - 60) ** 2 < 40**2
+    arr = np.asarray(img).copy()
+    arr[mask] = RED
+    return Image.fromarray(arr)
+
+
+def exif(year: int) -> Image.Exif:
+    out = Image.Exif()
+    out[0x010F], out[0x0110] = "Testcam", "Phone 1"
+    out.get_ifd(0x8769)[0x9003] = f"{year}:05:06 07:08:09"
+    return out
+
+
+def write_dng(path: Path) -> None:
+    """A 64x48 RGGB sensor image of a red scene, as a DNG (LibRaw decodes it)."""
+    from pidng.core import RAW2DNG, DNGTags, Tag
+    from pidng.defs import (
+        CalibrationIlluminant,
+        CFAPattern,
+        DNGVersion,
+        Orientation,
+        PhotometricInterpretation,
+    )
+
+    width, height = 64, 48
+    bayer = np.zeros((height, width), dtype=np.uint16)
+    bayer[0::2, 0::2], bayer[1::2, 1::2] = 3000, 300  # R, B
+    bayer[0::2, 1::2] = bayer[1::2, 0::2] = 500  # G
+    t = DNGTags()
+    for tag, value in (
+        (Tag.ImageWidth, width),
+        (Tag.ImageLength, height),
+        (Tag.TileWidth, width),
+        (Tag.TileLength, height),
+        (Tag.Orientation, Orientation.Horizontal),
+        (Tag.PhotometricInterpretation, PhotometricInterpretation.Color_Filter_Array),
+        (Tag.SamplesPerPixel, 1),
+        (Tag.BitsPerSample, 16),
+        (Tag.CFARepeatPatternDim, [2, 2]),
+        (Tag.CFAPattern, CFAPattern.RGGB),
+        (Tag.BlackLevel, 0),
+        (Tag.WhiteLevel, 4095),
+        (
+            Tag.ColorMatrix1,
+            [[1, 1], [0, 1], [0, 1], [0, 1], [1, 1], [0, 1], [0, 1], [0, 1], [1, 1]],
+        ),
+        (Tag.CalibrationIlluminant1, CalibrationIlluminant.D65),
+        (Tag.AsShotNeutral, [[1, 1], [1, 1], [1, 1]]),
+        (Tag.Make, "Testcam"),
+        (Tag.Model, "RAW-1"),
+        (Tag.DNGVersion, DNGVersion.V1_4),
+        (Tag.DNGBackwardVersion, DNGVersion.V1_2),
+    ):
+        t.set(tag, value)
+    converter = RAW2DNG()
+    converter.options(t, path=str(path.parent) + "/", compress=False)
+    converter.convert(bayer, filename=path.stem)
+
+
+@pytest.fixture(scope="module")
+def plugin() -> OnnxClipPlugin:
+    p = OnnxClipPlugin()
+    assert p.initialize(PluginConfig(model=ModelConfig(path=str(demo_model_path()))))
+    return p
+
+
+@pytest.mark.parametrize("fmt", ["HEIF", "AVIF", "JXL"])
+def test_modern_formats_decode_like_the_png_and_keep_their_exif(
+    fmt: str, plugin: OnnxClipPlugin, tmp_path: Path
+) -> None:
+    prepare_pillow()
+    path = tmp_path / f"photo.{fmt.lower()}"
+    scene().save(path, format=fmt, quality=95, exif=exif(2021).tobytes())
+    png = io.BytesIO()
+    scene().save(png, "PNG")
+    same = plugin.generate_embedding(png.getvalue())
+    got = plugin.generate_embedding(str(path))
+    assert got.ok, got.error
+    assert float(np.dot(got.embedding, same.embedding)) > 0.99
+    meta = read_exif(path)
+    assert meta["taken"].startswith("2021-05-06T07:08:09"), meta
+    assert meta["camera"] == {"make": "Testcam", "model": "Phone 1"} and meta["width"] == 160
+
+
+def test_a_camera_raw_decodes_through_libraw_and_names_its_camera(
+    plugin: OnnxClipPlugin, tmp_path: Path
+) -> None:
+    dng = tmp_path / "IMG_0001.dng"
+    write_dng(dng)
+    result = plugin.generate_embedding(str(dng))
+    assert result.ok, result.error
+    red = plugin.generate_embedding(np.full((24, 32, 3), RED, dtype=np.uint8))
+    blue = plugin.generate_embedding(np.full((24, 32, 3), (30, 60, 200), dtype=np.uint8))
+    assert np.dot(result.embedding, red.embedding) > np.dot(result.embedding, blue.embedding)
+    assert plugin.generate_embedding(dng.read_bytes()).ok  # bytes too (HTTP uploads)
+    assert read_exif(dng)["camera"] == {"make": "Testcam", "model": "RAW-1"}
+
+
+def test_pairs_are_one_item_and_every_format_is_indexed(tmp_path: Path) -> None:
+    prepare_pillow()
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    scene().save(photos / "IMG_0001.jpg", quality=90, exif=exif(2020).tobytes())
+    write_dng(photos / "IMG_0001.dng")  # shot RAW+JPEG: one photo
+    write_dng(photos / "IMG_0002.dng")  # RAW only
+    scene().save(photos / "IMG_0003.heic", exif=exif(2022).tobytes())
+    (photos / "IMG_0003.MOV").write_bytes(b"\x00\x00\x00\x14ftypqt  ")  # its Live video
+    scene().save(photos / "IMG_0004.avif", exif=exif(2023).tobytes())
+    scene().save(photos / "IMG_0005.jxl")
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(tmp_path / "i.db", config) as collection:
+        report = collection.index_folder(photos)
+        assert report.added == 5 and not report.failed, report
+        items = {
+            Path(i.path or "").name: i.metadata or {}
+            for i in collection.index.store.items_under(str(photos.resolve())).values()
+        }
+    assert set(items) == {
+        "IMG_0001.jpg",
+        "IMG_0002.dng",
+        "IMG_0003.heic",
+        "IMG_0004.avif",
+        "IMG_0005.jxl",
+    }
+    assert items["IMG_0001.jpg"]["raw"] == "IMG_0001.dng"
+    assert items["IMG_0003.heic"]["live_video"] == "IMG_0003.MOV"
+    assert items["IMG_0003.heic"]["taken"].startswith("2022-")
+    assert items["IMG_0002.dng"]["camera"]["model"] == "RAW-1"
+
+
+def test_the_http_image_route_takes_heic_and_raw(tmp_path: Path) -> None:
+    from tests.helpers import ServerProcess
+
+    prepare_pillow()
+    heic = io.BytesIO()
+    scene().save(heic, format="HEIF")
+    write_dng(tmp_path / "x.dng")
+    import httpx
+
+    with ServerProcess(["--no-warmup"]) as server:
+        for body, kind in (
+            (heic.getvalue(), "image/heic"),
+            ((tmp_path / "x.dng").read_bytes(), "image/x-adobe-dng"),
+        ):
+            r = httpx.post(
+                f"{server.base}/embed/image",
+                content=body,
+                headers={"Content-Type": kind},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+
+
+def test_without_rawpy_a_raw_file_names_the_extra(tmp_path: Path) -> None:
+    dng = tmp_path / "x.dng"
+    write_dng(dng)
+    code = (
+        "import sys; sys.modules['rawpy'] = None\n"
+        "from themis_clip import OnnxClipPlugin, PluginConfig, ModelConfig, demo_model_path\n"
+        "p = OnnxClipPlugin(); p.initialize(PluginConfig(model=ModelConfig(path=str(demo_model_path()))))\n"
+        f"print(p.generate_embedding({str(dng)!r}).error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "themis-onnx-clip[photos]" in out.stdout, out.stdout + out.stderr
