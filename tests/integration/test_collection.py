@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.helpers import photo_like
 from themis_clip import ModelConfig, PluginConfig
 from themis_clip.collection import Collection, Query
 from themis_clip.errors import InputError, ModelError
 from themis_clip.index.where import parse_where
-from tests.helpers import photo_like
 
 
 def _photos(folder: Path) -> Path:
