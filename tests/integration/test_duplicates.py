@@ -122,7 +122,7 @@ def test_cli_and_http(
     assert sorted(({i["key"] for i in g["items"]} for g in printed), key=sorted) == sorted(
         want, key=sorted
     )
-    assert all(set(g) == {"items", "score"} for g in printed)
+    assert all(set(g) == {"items", "score", "tier", "keeper"} for g in printed)
     assert main(["duplicates", "--index", location, "--threshold", "2"]) == 2
     config = PluginConfig.from_dict({"model": {"path": str(tiny_model_dir)}})
     app = create_app(ServerSettings(plugin_config=config, index_path=location))
@@ -151,9 +151,9 @@ def test_http_runs_one_pass_per_index_version(
     passes: list[float] = []
     real = route.find_duplicates
 
-    def counted(index: VectorIndex, *, threshold: float) -> list[object]:
+    def counted(index: VectorIndex, *, threshold: float, **options: object) -> list[object]:
         passes.append(threshold)
-        return real(index, threshold=threshold)  # type: ignore[return-value]
+        return real(index, threshold=threshold, **options)  # type: ignore[arg-type,return-value]
 
     monkeypatch.setattr(route, "find_duplicates", counted)
     location = str(tmp_path / "i.db")
@@ -175,3 +175,67 @@ def test_http_runs_one_pass_per_index_version(
             )
         again = client.get("/duplicates").json()
         assert len(passes) == 3 and len(again["groups"]) == len(want) + 1
+
+
+def test_tiers_keepers_and_the_list_of_copies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One threshold mixed identical files, re-encodes and burst shots, and named no keeper
+    (immich #31487): each group is now labelled, and the copies can be listed for a script."""
+    from PIL import Image
+
+    from themis_clip import ModelConfig, PluginConfig, demo_model_path
+    from themis_clip.collection import Collection
+    from themis_clip.demo.scenes import Scene, render_scene
+    from themis_clip.preprocess.image import same_pixels
+
+    def exif(second: int) -> bytes:
+        out = Image.Exif()
+        out.get_ifd(0x8769)[0x9003] = f"2024:06:01 12:{second // 60:02d}:{second % 60:02d}"
+        return out.tobytes()
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    a = render_scene(Scene(shape="circle", colour="red", position="left", seed=1), size=224)
+    b = render_scene(Scene(shape="square", colour="blue", position="right", seed=2), size=224)
+    c = render_scene(Scene(shape="triangle", colour="green", seed=3), size=224)
+    a.save(photos / "a.jpg", quality=95, exif=exif(0))
+    (photos / "a-copy.jpg").write_bytes((photos / "a.jpg").read_bytes())  # identical
+    b.save(photos / "b.png")
+    b.save(photos / "b-resaved.png", pnginfo=_text_chunk())  # other bytes, same pixels
+    c.save(photos / "c.jpg", quality=95, exif=exif(0))
+    c.resize((112, 112)).save(photos / "c-small.jpg", quality=60, exif=exif(0))  # resized
+    shifted = Image.new("RGB", c.size, c.getpixel((0, 0)))
+    shifted.paste(c.crop((2, 0, 224, 224)), (0, 0))
+    shifted.save(photos / "c-burst.jpg", quality=95, exif=exif(2))  # 2 s later: a burst
+    shifted.save(photos / "c-later.jpg", quality=95, exif=exif(3000))  # 50 min later: not one
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(tmp_path / "i.db", config) as collection:
+        collection.index_folder(photos)
+        groups = find_duplicates(collection.index, threshold=0.95, same_pixels=same_pixels)
+    names = {frozenset(Path(i["path"]).name for i in g.items): g for g in groups}
+    tiers = {tuple(sorted(k)): str(g.tier) for k, g in names.items()}
+    assert tiers[("a-copy.jpg", "a.jpg")] == "identical", tiers
+    assert tiers[("b-resaved.png", "b.png")] == "same-pixels", tiers
+    c_group = next(g for k, g in names.items() if "c.jpg" in k)
+    assert {Path(i["path"]).name for i in c_group.items} >= {"c.jpg", "c-small.jpg", "c-burst.jpg"}
+    assert "c-later.jpg" not in {Path(i["path"]).name for i in c_group.items}
+    assert str(c_group.tier) == "similar"
+    assert c_group.keeper is not None and Path(c_group.keeper.key).name in ("c.jpg", "c-burst.jpg")
+    assert "pixels" in c_group.keeper.reason  # c-small has fewer
+    assert (
+        main(["duplicates", "--index", str(tmp_path / "i.db"), "--threshold", "0.95", "--print0"])
+        == 0
+    )
+    listed = capsys.readouterr().out.split("\0")[:-1]
+    keepers = {g.keeper.key for g in groups if g.keeper}
+    assert listed and not keepers & set(listed)
+    assert len(listed) == sum(len(g.items) - 1 for g in groups)
+
+
+def _text_chunk() -> object:
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Comment", "saved again")
+    return info

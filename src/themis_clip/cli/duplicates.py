@@ -1,15 +1,18 @@
-"""``themis-clip duplicates``: groups of near-duplicate items in an index (no model needed)."""
+"""``themis-clip duplicates``: groups of near-duplicate items in an index, in tiers, each with
+a suggested keeper (no model needed; nothing is deleted)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections import Counter
 from typing import Any
 
-from themis_clip.cli.common import CLIError, index_args, index_location, model_args
-from themis_clip.index.duplicates import DEFAULT_THRESHOLD, find_duplicates
+from themis_clip.cli.common import CLIError, index_args, index_location, model_args, shown
+from themis_clip.index.duplicates import DEFAULT_THRESHOLD, DEFAULT_WINDOW_S, find_duplicates
 from themis_clip.index.search import VectorIndex
+from themis_clip.preprocess.image import same_pixels
 
 
 def register(sub: Any) -> None:
@@ -23,7 +26,19 @@ def register(sub: Any) -> None:
         help=f"cosine similarity at or above which two items are duplicates "
         f"(default {DEFAULT_THRESHOLD}, immich's maximum distance 0.01)",
     )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=DEFAULT_WINDOW_S,
+        help=f"shots taken at most this many seconds apart may be a burst ('similar'); "
+        f"further apart they are no duplicates (default {DEFAULT_WINDOW_S:g})",
+    )
     p.add_argument("--json", action="store_true", help="print the JSON array only")
+    p.add_argument(
+        "--print0",
+        action="store_true",
+        help="print only the paths that are not keepers, NUL-separated (for xargs -0)",
+    )
     index_args(p)
     model_args(p)
     p.set_defaults(func=_cmd_duplicates)
@@ -32,13 +47,27 @@ def register(sub: Any) -> None:
 def _cmd_duplicates(args: argparse.Namespace) -> int:
     if not -1.0 <= args.threshold <= 1.0:
         raise CLIError("--threshold must be a cosine similarity from -1 to 1")
+    if args.window_s < 0:
+        raise CLIError("--window-s must be >= 0")
     with VectorIndex(index_location(args) or "", readonly=True) as index:
-        groups = find_duplicates(index, threshold=args.threshold)
-    out = [g.to_dict() for g in groups]
-    if args.json:
-        print(json.dumps(out, ensure_ascii=False, indent=2))
+        groups = find_duplicates(
+            index, threshold=args.threshold, window_s=args.window_s, same_pixels=same_pixels
+        )
+    if args.print0:
+        paths = [str(item["path"]) for g in groups for item in g.others if item["path"]]
+        sys.stdout.write("".join(f"{path}\0" for path in paths))
         return 0
-    print(json.dumps(out, ensure_ascii=False, indent=2))
-    copies = sum(len(g.items) for g in groups)
-    print(f"{len(groups)} group(s), {copies} item(s)", file=sys.stderr)
+    if args.json:
+        print(json.dumps([g.to_dict() for g in groups], ensure_ascii=False, indent=2))
+        return 0
+    for g in groups:
+        keeper = g.keeper
+        if keeper is not None:
+            print(f"{g.tier} ({g.score:.4f}): keep {shown(keeper.key)}, {keeper.reason}")
+        for item in g.others:
+            print(f"  {shown(str(item['path'] or item['key']))}")
+    tiers = Counter(str(g.tier) for g in groups)
+    summary = ", ".join(f"{n} {t}" for t, n in sorted(tiers.items()))
+    copies = sum(len(g.others) for g in groups)
+    print(f"{len(groups)} group(s) ({summary or 'none'}); {copies} copies beside their keepers")
     return 0

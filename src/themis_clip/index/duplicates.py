@@ -9,6 +9,14 @@ the lowest similarity between any two of its items (computed exactly, so a chain
 ends are further apart says so). Small collections are compared exactly,
 all pairs (it is then cheaper than building a graph).
 
+Each group is labelled by its weakest bond, so that one threshold no longer mixes identical
+files, re-encodes and burst shots: ``identical`` (the same bytes), ``same-pixels`` (decoded
+pixels equal: a lossless re-save, stripped metadata), ``resized`` (the same picture at another
+size or quality: the same capture time, or none recorded), ``similar`` (distinct shots taken
+within ``window_s`` of each other: a burst). Two items taken further apart than the window are
+no duplicates, however alike. Each group names a suggested keeper and why (the most pixels,
+then a RAW beside it, then the most complete EXIF, then the oldest file); nothing is deleted.
+
 The default threshold, 0.99 cosine similarity, is immich's (a maximum cosine *distance* of
 0.01, ``machineLearning.duplicateDetection.maxDistance``): re-encoded and resized copies of a
 photo land above it with CLIP-like models, while distinct shots of one scene (a burst, the
@@ -18,7 +26,10 @@ the cost of grouping bursts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -27,11 +38,45 @@ import numpy.typing as npt
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.settings import GraphDType
+from themis_clip.index.stores.rows import StoredItem
 
-__all__ = ["DEFAULT_THRESHOLD", "DuplicateGroup", "find_duplicates"]
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "DEFAULT_WINDOW_S",
+    "DuplicateGroup",
+    "Keeper",
+    "Tier",
+    "find_duplicates",
+]
 
 #: immich's maximum cosine distance 0.01, as a similarity.
 DEFAULT_THRESHOLD = 0.99
+#: Shots taken this close together may be a burst (``similar``); further apart they are not
+#: duplicates.
+DEFAULT_WINDOW_S = 10.0
+
+#: Whether two files decode to the same pixels (given by a caller that can decode: the index
+#: itself never opens images).
+SamePixels = Callable[[str, str], bool]
+
+
+class Tier(StrEnum):
+    """How alike a group's items are, from the strongest bond to the weakest."""
+
+    IDENTICAL = "identical"
+    SAME_PIXELS = "same-pixels"
+    RESIZED = "resized"
+    SIMILAR = "similar"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Keeper:
+    """The item a group suggests keeping, and why."""
+
+    key: str
+    reason: str
+
+
 #: At or below this many items every pair is compared (exact, and cheaper than a graph).
 EXACT_BELOW = 4096
 _BLOCK = 2048
@@ -39,13 +84,25 @@ _BLOCK = 2048
 
 @dataclass(frozen=True, kw_only=True)
 class DuplicateGroup:
-    """Items that are near-duplicates of each other, and the lowest similarity among them."""
+    """Items that are near-duplicates of each other, the lowest similarity among them, how
+    alike they are and which one to keep."""
 
     items: list[dict[str, Any]]
     score: float
+    tier: Tier = Tier.RESIZED
+    keeper: Keeper | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"items": self.items, "score": self.score}
+        keeper = (
+            None if self.keeper is None else {"key": self.keeper.key, "reason": self.keeper.reason}
+        )
+        return {"items": self.items, "score": self.score, "tier": str(self.tier), "keeper": keeper}
+
+    @property
+    def others(self) -> list[dict[str, Any]]:
+        """The items other than the keeper (what a user's own script may act on)."""
+        keep = self.keeper.key if self.keeper is not None else None
+        return [item for item in self.items if item["key"] != keep]
 
 
 #: Similarities this close below the threshold count: float32 products of unit vectors round
@@ -135,6 +192,8 @@ def find_duplicates(
     neighbours: int = 8,
     threads: int = 0,
     exact_below: int = EXACT_BELOW,
+    window_s: float = DEFAULT_WINDOW_S,
+    same_pixels: SamePixels | None = None,
 ) -> list[DuplicateGroup]:
     """Groups of near-duplicate items, most similar first.
 
@@ -144,9 +203,12 @@ def find_duplicates(
             still grouped with them through the copies' own neighbours).
         threads: graph build and search threads (0: every core).
         exact_below: collections at or below this size compare every pair instead.
+        window_s: the most seconds between two capture times that may still be one burst.
+        same_pixels: tells whether two files decode to equal pixels (the ``same-pixels``
+            tier); without it such groups are ``resized``.
 
     Returns:
-        Groups of two or more items; each item ``{"key", "path", "metadata"}``.
+        Groups of two or more items; each item ``{"key", "path", "metadata", "size"}``.
     """
     if not -1.0 <= threshold <= 1.0:
         raise ValueError(f"threshold {threshold}: expected a cosine similarity from -1 to 1")
@@ -166,15 +228,120 @@ def find_duplicates(
         a, b = _pairs_graph(graph, ids, vectors, cut, neighbours, threads)
     groups = []
     for rows in _components(len(ids), a, b):
-        members = vectors[rows]
-        score = min(
-            float((members[i : i + _BLOCK] @ members.T).min()) for i in range(0, len(rows), _BLOCK)
-        )
         items = index.store.items_by_id([int(ids[r]) for r in rows])
-        entries = sorted(
-            ({"key": it.key, "path": it.path, "metadata": it.metadata} for it in items.values()),
-            key=lambda e: str(e["key"]),
-        )
-        groups.append(DuplicateGroup(items=entries, score=min(1.0, score)))
+        by_row = {r: items[int(ids[r])] for r in rows if int(ids[r]) in items}
+        for part in _by_time(list(by_row), by_row, a, b, window_s):
+            members = vectors[part]
+            score = min(
+                float((members[i : i + _BLOCK] @ members.T).min())
+                for i in range(0, len(part), _BLOCK)
+            )
+            stored = [by_row[r] for r in part]
+            entries = sorted(
+                (
+                    {"key": it.key, "path": it.path, "metadata": it.metadata, "size": it.size}
+                    for it in stored
+                ),
+                key=lambda e: str(e["key"]),
+            )
+            groups.append(
+                DuplicateGroup(
+                    items=entries,
+                    score=min(1.0, score),
+                    tier=_tier(stored, same_pixels),
+                    keeper=_keeper(stored),
+                )
+            )
     groups.sort(key=lambda g: (-g.score, str(g.items[0]["key"])))
     return groups
+
+
+def _taken(item: StoredItem) -> datetime | None:
+    value = (item.metadata or {}).get("taken")
+    try:
+        stamp = datetime.fromisoformat(str(value)) if value else None
+    except ValueError:
+        return None
+    return None if stamp is None else stamp.replace(tzinfo=None)
+
+
+def _by_time(
+    rows: list[int],
+    items: dict[int, StoredItem],
+    a: npt.NDArray[np.int64],
+    b: npt.NDArray[np.int64],
+    window_s: float,
+) -> list[list[int]]:
+    """The group split where its kept pairs were taken more than ``window_s`` apart (two
+    photos of one view an hour apart are no duplicates, however alike)."""
+    inside = set(rows)
+    keep_a, keep_b = [], []
+    for x, y in zip(a.tolist(), b.tolist(), strict=True):
+        if x not in inside or y not in inside:
+            continue
+        tx, ty = _taken(items[x]), _taken(items[y])
+        if tx is None or ty is None or abs((tx - ty).total_seconds()) <= window_s:
+            keep_a.append(x)
+            keep_b.append(y)
+    if len(keep_a) == len(a):
+        return [rows]
+    local = {r: i for i, r in enumerate(rows)}
+    parts = _components(
+        len(rows),
+        np.array([local[x] for x in keep_a], dtype=np.int64),
+        np.array([local[y] for y in keep_b], dtype=np.int64),
+    )
+    return [[rows[i] for i in part] for part in parts]
+
+
+def _tier(items: list[StoredItem], same_pixels: SamePixels | None) -> Tier:
+    digests = {it.sha256 for it in items}
+    if len(digests) == 1 and None not in digests:
+        return Tier.IDENTICAL
+    first = items[0]
+    sizes = {((it.metadata or {}).get("width"), (it.metadata or {}).get("height")) for it in items}
+    if same_pixels is not None and len(sizes) == 1 and all(it.path for it in items):
+        try:
+            if all(same_pixels(str(first.path), str(it.path)) for it in items[1:]):
+                return Tier.SAME_PIXELS
+        except OSError:
+            pass
+    stamps = {_taken(it) for it in items} - {None}
+    return Tier.SIMILAR if len(stamps) > 1 else Tier.RESIZED
+
+
+def _size(item: StoredItem) -> str:
+    meta = item.metadata or {}
+    return f"{meta.get('width')}x{meta.get('height')}"
+
+
+def _keeper(items: list[StoredItem]) -> Keeper:
+    """The most pixels, then a RAW beside it, then the most complete EXIF, then the oldest
+    file; the reason names the first rule that told the items apart."""
+
+    def pixels(it: StoredItem) -> int:
+        meta = it.metadata or {}
+        width, height = meta.get("width"), meta.get("height")
+        return int(width) * int(height) if isinstance(width, int) and isinstance(height, int) else 0
+
+    def has_raw(it: StoredItem) -> int:
+        return 1 if (it.metadata or {}).get("raw") else 0
+
+    def exif(it: StoredItem) -> int:
+        return sum(1 for k in ("taken", "camera", "gps") if (it.metadata or {}).get(k))
+
+    def age(it: StoredItem) -> int:
+        return -(it.mtime_ns or 0)
+
+    rules: tuple[tuple[Callable[[StoredItem], int], Callable[[StoredItem], str]], ...] = (
+        (pixels, lambda it: f"the most pixels ({_size(it)})"),
+        (has_raw, lambda it: f"its RAW is beside it ({(it.metadata or {}).get('raw')})"),
+        (exif, lambda it: "the most complete EXIF (taken, camera, place)"),
+        (age, lambda it: "the oldest file"),
+    )
+    ranked = sorted(items, key=lambda it: (*(-rule(it) for rule, _ in rules), it.key))
+    best = ranked[0]
+    for rule, reason in rules:
+        if any(rule(it) != rule(best) for it in ranked[1:]):
+            return Keeper(key=best.key, reason=reason(best))
+    return Keeper(key=best.key, reason="all alike: the first by name")

@@ -71,6 +71,7 @@ __all__ = [
     "image_dimensions",
     "preprocess_image",
     "readable_formats",
+    "same_pixels",
 ]
 
 log = logging.getLogger(__name__)
@@ -307,6 +308,17 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+
+
+def same_pixels(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two image files decode to the same pixels (upright, 8-bit RGB), under the
+    default decode limits; an unreadable file is never the same."""
+    try:
+        first = decode_image(a).convert("RGB")
+        second = decode_image(b).convert("RGB")
+    except (InputError, OSError):
+        return False
+    return first.size == second.size and first.tobytes() == second.tobytes()
 
 
 def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:

@@ -45,7 +45,7 @@ class AppState:
     weak_lines: dict[tuple[str, int], Any] = field(default_factory=dict)
     #: (index write version, threshold) → the duplicate groups found there, one computation
     #: at a time (server/routes/duplicates.py): a client cannot make the server repeat it
-    duplicate_groups: dict[tuple[int, float], Any] = field(default_factory=dict)
+    duplicate_groups: dict[tuple[int, float, float], Any] = field(default_factory=dict)
     duplicates_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)

@@ -10,7 +10,13 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Query
 
-from themis_clip.index.duplicates import DEFAULT_THRESHOLD, DuplicateGroup, find_duplicates
+from themis_clip.index.duplicates import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW_S,
+    DuplicateGroup,
+    find_duplicates,
+)
+from themis_clip.preprocess.image import same_pixels
 from themis_clip.server.access import SEARCH
 from themis_clip.server.state import StateDep
 
@@ -21,8 +27,11 @@ router = APIRouter(dependencies=[SEARCH])  # what search keys may read
 async def duplicates(
     state: StateDep,
     threshold: float = Query(default=DEFAULT_THRESHOLD, ge=-1.0, le=1.0),
+    window_s: float = Query(default=DEFAULT_WINDOW_S, ge=0.0, le=86400.0),
 ) -> dict[str, Any]:
-    """Groups of near-duplicates, most similar first; each item with its thumbnail URL.
+    """Groups of near-duplicates, most similar first, each with its tier (``identical``,
+    ``same-pixels``, ``resized``, ``similar``) and a suggested ``keeper`` with the reason;
+    each item with its thumbnail URL.
 
     One pass runs at a time and its answer is kept until the index changes (a pass over a
     large library takes seconds of every core; asking again, or many clients asking, must
@@ -30,10 +39,16 @@ async def duplicates(
     its result."""
     idx = state.require_index()
     async with state.duplicates_lock:
-        key = (idx.store.write_version, threshold)
+        key = (idx.store.write_version, threshold, window_s)
         groups: list[DuplicateGroup] | None = state.duplicate_groups.get(key)
         if groups is None:
-            work = asyncio.to_thread(find_duplicates, idx, threshold=threshold)
+            work = asyncio.to_thread(
+                find_duplicates,
+                idx,
+                threshold=threshold,
+                window_s=window_s,
+                same_pixels=same_pixels,
+            )
             groups = await asyncio.shield(asyncio.ensure_future(work))
             state.duplicate_groups.clear()  # only the latest version's answers are kept
             state.duplicate_groups[key] = groups
@@ -43,8 +58,8 @@ async def duplicates(
             {**item, "thumbnail": f"/items/{quote(str(item['key']), safe='')}/thumbnail"}
             for item in group.items
         ]
-        out.append({"items": items, "score": group.score})
-    return {"threshold": threshold, "groups": out}
+        out.append({**group.to_dict(), "items": items})
+    return {"threshold": threshold, "window_s": window_s, "groups": out}
 
 
 @router.get("/index/photo-facets")
