@@ -32,6 +32,14 @@ from themis_clip.files import IMAGE_SUFFIXES
 from themis_clip.index.indexer import IndexReport
 from themis_clip.index.indexer import index_folder as _index_folder
 from themis_clip.index.query import QueryMode, combine, search_page
+from themis_clip.index.relevance import (
+    Cut,
+    CutResult,
+    WeakLine,
+    cut_ranked,
+    measure_weak_line,
+    random_texts,
+)
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.settings import GraphSettings
 from themis_clip.index.where import Where
@@ -40,7 +48,7 @@ from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["METADATA_VERSION", "Collection", "Query"]
+__all__ = ["METADATA_VERSION", "SORTS", "Collection", "Matches", "Query"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,29 @@ log = logging.getLogger(__name__)
 METADATA_VERSION = "files+exif+companions-2"
 
 _Vector = npt.NDArray[np.float32]
+
+#: Orders of a result set: by score, by capture time (oldest or newest first), by file time
+#: (newest first), by file name.
+SORTS = ("score", "taken", "-taken", "mtime", "name")
+#: Above this many items no line is measured for the cut (loading every vector to sample them
+#: would cost more than it tells); ``auto`` then keeps every hit.
+MAX_MEASURED_ITEMS = 200_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matches(Sequence[Hit]):
+    """The hits of a search (a sequence of :class:`Hit`), where the ranking was cut and why,
+    and how many weaker hits the cut left out."""
+
+    hits: list[Hit]
+    weaker: int = 0
+    cut: CutResult | None = None
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.hits[i]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +136,7 @@ class Collection:
         self._config = config
         self._budget = budget
         self._closers: list[Callable[[], None]] = []
+        self._lines: dict[tuple[str, int], WeakLine | None] = {}
 
     @classmethod
     def open(
@@ -207,32 +239,71 @@ class Collection:
         filters: dict[str, Any] | None = None,
         where: Where | None = None,
         hybrid: bool = False,
-    ) -> list[Hit]:
+        cut: Cut | str | float | None = None,
+        sort: str = "score",
+    ) -> Matches:
         """The ``k`` items nearest ``query`` (a :class:`Query` or a text), best first.
 
-        ``hybrid`` fuses the vector ranking with a word match of the query's text.
+        ``hybrid`` fuses the vector ranking with a word match of the query's text. ``cut``
+        ends the ranking where relevance ends (:mod:`~themis_clip.index.relevance`): ``auto``
+        (the default for a query of texts only), ``none`` (the default otherwise) or a score.
+        ``sort`` orders the matches: ``score``, ``taken`` / ``-taken`` (capture time, oldest /
+        newest first; undated last), ``mtime`` (newest file first) or ``name``.
         Raises :class:`~themis_clip.errors.IndexModelMismatchError` for an index made by
         another model.
         """
         if k < 1:
             raise InputError("k must be >= 1")
+        if sort not in SORTS:
+            raise InputError(f"sort {sort!r}: one of {', '.join(SORTS)}")
         query = Query(text=query) if isinstance(query, str) else query
         if hybrid and not query.text:
             raise InputError("a hybrid search needs a text query (its words are matched)")
+        words_only = query.image is None and not any(Path(p).is_file() for p in query.add)
+        chosen = Cut.parse(cut) if not isinstance(cut, Cut) else cut
+        if cut is None and not words_only:
+            chosen = Cut(auto=False)
         self.index.bind_model(self.identity)
         vector = self.query_vector(query)
-        if not hybrid:
-            return self.index.search(vector, k, filters, where=where)
-        return search_page(
-            self.index,
-            mode=QueryMode.HYBRID,
-            k=k,
-            identity={},
-            vector=vector,
-            text=query.text,
-            filters=filters,
-            where=where,
-        ).hits
+        if hybrid:
+            hits = search_page(
+                self.index,
+                mode=QueryMode.HYBRID,
+                k=k,
+                identity={},
+                vector=vector,
+                text=query.text,
+                filters=filters,
+                where=where,
+            ).hits
+            chosen = Cut(auto=False) if cut is None else chosen  # fused ranks are no cosines
+        else:
+            hits = self.index.search(vector, k, filters, where=where)
+        line = self.line() if chosen.auto else None
+        result = cut_ranked([h.score for h in hits], chosen, line)
+        kept = hits[: result.kept]
+        return Matches(hits=sort_hits(kept, sort), weaker=len(hits) - len(kept), cut=result)
+
+    def line(self) -> WeakLine | None:
+        """Where matches end for this model on this index (random texts' 99th percentile),
+        measured once per model and index version; None for an empty or very large index."""
+        identity = self.identity
+        key = (identity.model_id, self.index.store.write_version)
+        if key not in self._lines:
+            self._lines.clear()
+            self._lines[key] = self._measure_line(identity)
+        return self._lines[key]
+
+    def _measure_line(self, identity: ModelIdentity) -> WeakLine | None:
+        count = self.index.store.count()
+        if count == 0 or count > MAX_MEASURED_ITEMS:
+            return None
+        results = self.plugin.generate_text_embedding_batch(random_texts())
+        vectors = [r.embedding for r in results if r.ok and r.embedding is not None]
+        if len(vectors) != len(results):
+            return None
+        _, images = self.index.store.load_vectors(identity.dim)
+        return measure_weak_line(np.stack(vectors), images)
 
     def close(self) -> None:
         """Close what :meth:`open` opened (a collection built from parts leaves them open)."""
@@ -270,6 +341,24 @@ class Collection:
         if "/" in value or "\\" in value or Path(value).suffix.lower() in IMAGE_SUFFIXES:
             raise InputError(f"no image file {value} (an added or subtracted text has no path)")
         return cls._embed(plugin, value, None)
+
+
+def sort_hits(hits: list[Hit], sort: str) -> list[Hit]:
+    """``hits`` in the order ``sort`` names (stable: equal keys keep their rank)."""
+    if sort == "score":
+        return hits
+
+    def meta(hit: Hit, key: str) -> Any:
+        return (hit.metadata or {}).get(key)
+
+    if sort in ("taken", "-taken"):
+        dated = [h for h in hits if isinstance(meta(h, "taken"), str)]
+        undated = [h for h in hits if not isinstance(meta(h, "taken"), str)]
+        dated.sort(key=lambda h: str(meta(h, "taken"))[:19], reverse=sort == "-taken")
+        return dated + undated
+    if sort == "mtime":
+        return sorted(hits, key=lambda h: -float(meta(h, "mtime") or 0))
+    return sorted(hits, key=lambda h: (str(meta(h, "name") or h.path or h.key).lower(), h.key))
 
 
 def _shut_when_open(opening: Future[OnnxClipPlugin]) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
-from themis_clip.collection import Collection, Query
+from themis_clip.collection import SORTS, Collection, Query
 from themis_clip.errors import WhereError
 from themis_clip.index.indexer import IndexReport
 from themis_clip.index.search import Hit, VectorIndex
@@ -76,6 +77,20 @@ def register(sub: Any) -> None:
         help="also match the words of TEXT in file names, paths and metadata (fused by rank)",
     )
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
+    p.add_argument(
+        "--cut",
+        metavar="auto|none|SCORE",
+        help="end the results where relevance ends: auto (the default for text queries: the "
+        "model's line for unrelated texts on this index, or a gap in the scores), none, or a "
+        "score",
+    )
+    p.add_argument(
+        "--sort",
+        choices=SORTS,
+        default="score",
+        help="order of the results: score (default), taken / -taken (capture time, oldest / "
+        "newest first), mtime (newest file first), name",
+    )
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
     p.add_argument(
         "--where",
@@ -208,10 +223,23 @@ def _cmd_search(args: argparse.Namespace) -> int:
     query = Query(text=args.query, image=args.image, add=args.add, subtract=args.subtract)
     location = index_location(args) or ""
     with Collection.open(location, config_from(args), readonly=True) as collection:
-        hits = collection.search(
-            query, k=args.k, filters=filters, where=args.where, hybrid=args.hybrid
+        matches = collection.search(
+            query,
+            k=args.k,
+            filters=filters,
+            where=args.where,
+            hybrid=args.hybrid,
+            cut=args.cut,
+            sort=args.sort,
         )
-    _print_hits(hits, as_json=args.json)
+    _print_hits(matches, as_json=args.json)
+    if matches.cut is not None and matches.cut.reason and (matches.weaker or not matches):
+        print(
+            f"themis-clip: {len(matches)} match{'es' if len(matches) != 1 else ''}; "
+            f"{matches.weaker} weaker left out, cut {shown(matches.cut.reason)} "
+            "(--cut none shows them)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -228,7 +256,7 @@ def _parse_filters(raw: list[str]) -> dict[str, Any]:
     return filters
 
 
-def _print_hits(hits: list[Hit], *, as_json: bool = False, indent: str = "") -> None:
+def _print_hits(hits: Sequence[Hit], *, as_json: bool = False, indent: str = "") -> None:
     if as_json:
         print(
             json.dumps(

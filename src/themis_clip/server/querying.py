@@ -13,18 +13,18 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.index.query import QueryMode, combine, search_page
+from themis_clip.index.relevance import WeakLine, measure_weak_line, random_texts
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import parse_where
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
 from themis_clip.server.schemas import QueryPart, SearchRequest
 from themis_clip.server.state import AppState
-from themis_clip.server.weak import WeakLine, measure_weak_line, random_texts
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["run_search"]
 
-#: above this many items no weak-match line is measured (see server/weak.py)
+#: above this many items no weak-match line is measured (see index/relevance.py)
 MAX_MEASURED_ITEMS = 200_000
 
 
@@ -156,7 +156,7 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
 
 
 async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None:
-    """The weak-match line of this model on this index (server/weak.py), cached per version."""
+    """The weak-match line of this model on this index (index/relevance.py), cached per version."""
     idx = state.require_index()
 
     def version() -> int:
