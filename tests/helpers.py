@@ -119,6 +119,8 @@ class ServerProcess:
         from pathlib import Path
 
         exe = str(Path(sys.executable).parent / "themis-clip")
+        if "--index" in args and "--new-index" not in args:
+            args = [*args, "--new-index"]  # tests name indexes they fill over HTTP
         self.proc = subprocess.Popen(
             [exe, "serve", "--port", "0", *args],
             stdout=subprocess.DEVNULL,

@@ -39,15 +39,15 @@ def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
         browser.type_text("#q", "a red circle")
         browser.press_enter()
         # The page opens on the library (browse), 12 thumbnails already: wait for the search's.
-        browser.wait_for("document.getElementById('status').textContent.startsWith('12 results')")
+        browser.wait_for("document.getElementById('status').textContent.includes('“a red circle”')")
         count = browser.wait_for("document.querySelectorAll('img.thumb').length")
-        assert count == 12
+        assert 1 <= count < 12  # the matches: where relevance ends, the page cuts
         # Every thumbnail really loaded from the server (decoded, non-empty).
         browser.wait_for(
             "[...document.querySelectorAll('img.thumb')].every(i => i.complete && i.naturalWidth > 0)"
         )
         status = browser.evaluate("document.getElementById('status').textContent")
-        assert status.startswith("12 results")
+        assert status.startswith(f"{count} match"), status
         assert "q=a%20red%20circle" in browser.evaluate("location.search")
         captions = browser.evaluate(
             "[...document.querySelectorAll('figcaption')].map(f => f.textContent)"

@@ -81,6 +81,11 @@ def test_the_page_asks_for_a_key_and_uses_it_everywhere(
 
     browser.type_text("#q", "a photo")
     browser.press_enter()
+    browser.wait_for(
+        "!document.getElementById('weaker').hidden || "
+        "document.querySelectorAll('#results img.thumb').length === 6"
+    )
+    browser.evaluate("document.getElementById('weaker').click()")  # every result
     browser.wait_for("document.querySelectorAll('#results img.thumb').length === 6")
     browser.wait_for(  # thumbnails fetched with the key, shown from blob: URLs
         "[...document.querySelectorAll('#results img.thumb')].every("
@@ -99,7 +104,7 @@ def test_the_page_asks_for_a_key_and_uses_it_everywhere(
     assert "/thumbnail" in urls and "/preview" in urls
 
     # The key is kept for the tab: a reload asks nothing and works at once.
-    browser.navigate(base + "/?q=a+photo")
+    browser.navigate(base + "/?q=a+photo&cut=none")
     browser.wait_for("document.querySelectorAll('#results img.thumb').length === 6")
     assert not browser.evaluate("Boolean(document.getElementById('key-dialog'))")
 

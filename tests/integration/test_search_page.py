@@ -103,11 +103,20 @@ def open_page(browser: Browser, url: str) -> None:
     browser.wait_for("document.getElementById('info').textContent.includes('items')")
 
 
-def search(browser: Browser, text: str) -> int:
+def search(browser: Browser, text: str, *, weaker: bool = True) -> int:
+    """Search ``text``; with ``weaker``, the whole ranking ("Show weaker matches" clicked where
+    the page cut it), which the tests of other features look at."""
     browser.evaluate("document.getElementById('q').value = ''")
     browser.type_text("#q", text)
     browser.press_enter()
-    browser.wait_for("document.getElementById('status').textContent.includes('for “" + text + "”')")
+    done = "document.getElementById('status').textContent.includes('" + text + "')"
+    browser.wait_for(done + " && !document.getElementById('results').hasAttribute('aria-busy')")
+    if weaker and not browser.evaluate("document.getElementById('weaker').hidden"):
+        browser.evaluate("document.getElementById('weaker').click()")
+        browser.wait_for(
+            "document.getElementById('weaker').hidden && "
+            "!document.getElementById('results').hasAttribute('aria-busy') && " + done
+        )
     return int(browser.evaluate("document.querySelectorAll('#results img.thumb').length"))
 
 
@@ -301,7 +310,7 @@ def test_accessibility_and_screenshots(site: tuple[str, Path], browser: Browser)
     for width, height, mobile, name in ((1280, 860, False, "desktop"), (390, 844, True, "phone")):
         browser.viewport(width, height, mobile=mobile)
         open_page(browser, base + "/?q=a%20red%20circle")
-        browser.wait_for("document.querySelectorAll('#results img.thumb').length === 24")
+        browser.wait_for("!document.getElementById('weaker').hidden")  # the matches, cut
         all_thumbs_loaded(browser)
         browser.screenshot(ARTIFACTS / f"search-page-{name}.png")
         browser.evaluate(axe)  # DevTools evaluation is not subject to the page's CSP
@@ -389,6 +398,34 @@ def test_image_search_clears_the_text_box(site: tuple[str, Path], browser: Brows
         "document.getElementById('status').textContent.includes('results for the picture')"
     )
     assert browser.evaluate("document.getElementById('q').value") == ""
+
+
+def test_results_end_where_relevance_ends_and_sort_by_date(
+    site: tuple[str, Path], browser: Browser
+) -> None:
+    base, _ = site
+    cut = httpx.post(base + "/search", json={"text": "a red circle", "k": 24}).json()
+    assert 0 < len(cut["results"]) < 24 and cut["cut"]["weaker"] > 0
+    open_page(browser, base + "/")
+    shown = search(browser, "a red circle", weaker=False)
+    status = browser.evaluate("document.getElementById('status').textContent")
+    assert shown == len(cut["results"]) and f"{shown} match" in status, status
+    assert not browser.evaluate("document.getElementById('weaker').hidden")
+    assert search(browser, "a red circle") == 24  # "Show weaker matches": the whole ranking
+    search(browser, "quantum chromodynamics lecture notes", weaker=False)
+    status = browser.evaluate("document.getElementById('status').textContent")
+    assert "No photo matches" in status and "Show weaker matches" in status, status
+    # the page asks the server to sort (by name here: the gallery carries no capture dates;
+    # the server's date order is tested on its own)
+    search(browser, "a red circle")
+    browser.evaluate("document.getElementById('sort').value = 'name'")
+    browser.evaluate("document.getElementById('sort').dispatchEvent(new Event('change'))")
+    browser.wait_for("!document.getElementById('results').hasAttribute('aria-busy')")
+    names = browser.evaluate(
+        "[...document.querySelectorAll('#results .name')].map(n => n.textContent)"
+    )
+    assert names == sorted(names, key=str.lower) and names
+    browser.evaluate("document.getElementById('sort').value = 'score'")
 
 
 def test_irrelevant_queries_show_a_weak_matches_divider(

@@ -145,8 +145,10 @@ def test_index_search_and_thumbnails(client: TestClient) -> None:
         "/search", json={"vector": vector, "k": 6, "filters": {"group": 1}}
     ).json()
     assert {r["id"] for r in filtered["results"]} == {"img-1", "img-3", "img-5"}
-    by_text = client.post("/search", json={"text": "a red circle", "k": 2}).json()
+    by_text = client.post("/search", json={"text": "a red circle", "k": 2, "cut": "none"}).json()
     assert len(by_text["results"]) == 2
+    cut = client.post("/search", json={"text": "a red circle", "k": 2}).json()
+    assert cut["cut"]["reason"] and len(cut["results"]) + cut["cut"]["weaker"] == 2
     thumb = client.get(by_image["results"][0]["thumbnail"])
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
     assert Image.open(io.BytesIO(thumb.content)).size[0] <= 192

@@ -39,7 +39,7 @@ def test_search_where_filters_and_names_bad_paths(tmp_path: Path, tiny_model_dir
         assert client.post("/index/items", json={"items": items}).status_code == 200
 
         def ids(where: object, **query: object) -> set[str]:
-            body = {"k": 10, "where": where, **(query or {"text": "a photo"})}
+            body = {"k": 10, "where": where, "cut": "none", **(query or {"text": "a photo"})}
             r = client.post("/search", json=body)
             assert r.status_code == 200, r.text
             return {hit["id"] for hit in r.json()["results"]}

@@ -12,8 +12,15 @@ from urllib.parse import quote
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.collection import sort_hits
 from themis_clip.index.query import QueryMode, combine, search_page
-from themis_clip.index.relevance import WeakLine, measure_weak_line, random_texts
+from themis_clip.index.relevance import (
+    Cut,
+    WeakLine,
+    cut_ranked,
+    measure_weak_line,
+    random_texts,
+)
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import parse_where
 from themis_clip.server.errors import APIError
@@ -146,12 +153,22 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
         return page.hits, page.next, idx.mode, space
 
     hits, token, kind, space = await asyncio.to_thread(run)
-    out = {**results(hits, kind, space), "next": token}
-    if current is not None and parts and all(p.text is not None for p in parts):
-        line = await _weak_line(state, current)  # text → image: where a match stops meaning one
-        if line is not None:
-            out["weak_below"] = line.score
-            out["weak_basis"] = line.describe()
+    texts_only = current is not None and bool(parts) and all(p.text is not None for p in parts)
+    line = await _weak_line(state, current) if texts_only and current is not None else None
+    cut = Cut.parse(body.cut)
+    if body.cut is None and not (texts_only and mode == QueryMode.VECTOR):
+        cut = Cut(auto=False)  # fused ranks and image queries are not cut unless asked
+    if body.cursor is not None and body.cut is None:
+        cut = Cut(auto=False)  # a later page was asked for: the first one was not cut
+    result = cut_ranked([h.score for h in hits], cut, line)
+    kept = hits[: result.kept]
+    if len(kept) < len(hits):
+        token = None  # the matches end on this page
+    out = {**results(sort_hits(kept, body.sort), kind, space), "next": token}
+    out["cut"] = {"at": result.at, "reason": result.reason, "weaker": len(hits) - len(kept)}
+    if line is not None:  # text → image: where a match stops meaning one
+        out["weak_below"] = line.score
+        out["weak_basis"] = line.describe()
     return out
 
 

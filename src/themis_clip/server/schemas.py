@@ -114,6 +114,17 @@ class SearchRequest(_Strict):
         "(docs/photo-search.md)",
     )
     language: str | None = _language()
+    cut: Literal["auto", "none"] | StrictFloat | None = Field(
+        default=None,
+        description="end the results where relevance ends: auto (the default for a vector "
+        "query of texts only: the model's line for unrelated texts on this index, or a gap in "
+        "the scores), none, or a cosine score; the answer's 'cut' says where and why",
+    )
+    sort: Literal["score", "taken", "-taken", "mtime", "name"] = Field(
+        default="score",
+        description="order of the page's hits: score, capture time (taken oldest first, "
+        "-taken newest first; undated last), file time (mtime, newest first) or file name",
+    )
 
 
 class ReloadRequest(_Strict):

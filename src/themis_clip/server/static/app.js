@@ -16,6 +16,7 @@ const state = {
   current: -1,        // index of the hit shown in the viewer
   imageUrl: null,     // object URL of the query image preview
   classify: false,    // whether the server offers zero-shot classification
+  weaker: false,      // show the hits below where relevance ends (cut: none)
 };
 
 class ApiError extends Error {
@@ -282,6 +283,8 @@ async function run(reset) {
   const body = Object.assign({k: PAGE}, state.query);
   if (!reset && state.next) body.cursor = state.next;
   if ($('hybrid').checked && state.query.text !== undefined) body.mode = 'hybrid';
+  if (state.weaker) body.cut = 'none';
+  if ($('sort').value !== 'score' && state.query.mode !== 'browse') body.sort = $('sort').value;
   if (Object.keys(state.filters).length) body.filters = state.filters;
   const where = photoWhere();
   if (where) body.where = where;
@@ -300,6 +303,7 @@ async function run(reset) {
     state.next = null;
     $('results').replaceChildren();
     $('more').hidden = true;
+    $('weaker').hidden = true;
     setStatus(explain(error), 'error');
   } finally {
     if (seq === state.seq) $('results').removeAttribute('aria-busy');
@@ -359,6 +363,9 @@ function render(data, from) {
   });
   const n = state.hits.length;
   const weak = weakAt < 0 ? 0 : n - weakAt;
+  const left = data.cut && data.cut.weaker > 0 && !state.weaker ? data.cut.weaker : 0;
+  $('weaker').hidden = !left;
+  $('weaker').textContent = 'Show weaker matches';
   if (n === 0 && indexSize === 0) {
     setStatus('The index is empty: there is nothing to search yet. Add pictures with ' +
       '"themis-clip index DIR --index PATH" or POST /index/items.', 'empty');
@@ -366,9 +373,15 @@ function render(data, from) {
     setStatus(n ? 'The library, newest first (' + n + (data.next ? ' shown' : ' pictures') + '). ' +
       'Type what you are looking for, or search with a picture.' :
       'Type what you are looking for, or search with a picture.', '');
+  } else if (n === 0 && left) {
+    setStatus('No photo matches ' + state.label + ': nothing scores above where unrelated ' +
+      'words do on this index. "Show weaker matches" lists the closest anyway.', 'empty');
   } else if (n === 0) {
     setStatus('No results for ' + state.label + '. ' + (Object.keys(state.filters).length ?
       'Try removing a filter.' : 'Try other words or another picture.'), 'empty');
+  } else if (left) {
+    setStatus(n + (n === 1 ? ' match' : ' matches') + ' for ' + state.label +
+      ' · the rest scored like unrelated words (' + data.cut.reason + ')', '');
   } else {
     setStatus(n + (n === 1 ? ' result' : ' results') + ' for ' + state.label + ' · ' +
       (data.mode === 'exact' ? 'exact' : 'graph') + ' search · ' + data.model_id +
@@ -378,11 +391,12 @@ function render(data, from) {
   $('more').hidden = !data.next;
 }
 
-function searchText(text) {
+function searchText(text, weaker) {
   clearImage();
+  state.weaker = Boolean(weaker);
   state.query = {text: text};
   state.label = '“' + text + '”';
-  history.replaceState(null, '', '?q=' + encodeURIComponent(text));
+  history.replaceState(null, '', '?q=' + encodeURIComponent(text) + (state.weaker ? '&cut=none' : ''));
   run(true);
 }
 
@@ -398,6 +412,7 @@ function searchFile(file) {
     showQueryImage(URL.createObjectURL(file), file.name || 'pasted image');
     $('q').value = '';  // the box shows the query: now a picture, not the old text
     state.query = {image: reader.result};
+    state.weaker = false;
     state.label = 'the picture ' + (file.name ? '“' + file.name + '”' : '');
     run(true);
   };
@@ -543,6 +558,14 @@ function setUp() {
     }
   });
   $('more').addEventListener('click', () => run(false));
+  $('weaker').addEventListener('click', () => {
+    state.weaker = true;
+    if (state.query && state.query.text !== undefined) {
+      history.replaceState(null, '', '?q=' + encodeURIComponent(state.query.text) + '&cut=none');
+    }
+    run(true);
+  });
+  $('sort').addEventListener('change', () => run(true));
   $('hybrid').addEventListener('change', () => { if (state.query && state.query.text !== undefined) run(true); });
   $('v-close').addEventListener('click', () => $('viewer').close());
   $('v-prev').addEventListener('click', () => openViewer(state.current - 1));
@@ -569,10 +592,11 @@ function setUp() {
   loadInfo();
   loadFilters();
   setUpPhotos();
-  const initial = new URLSearchParams(location.search).get('q');
+  const params = new URLSearchParams(location.search);
+  const initial = params.get('q');
   if (initial) {
     $('q').value = initial;
-    searchText(initial);
+    searchText(initial, params.get('cut') === 'none');  // a link to the whole ranking
   }
 }
 
