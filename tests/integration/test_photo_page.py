@@ -120,8 +120,12 @@ def test_duplicates_view_shows_groups_side_by_side(site: str, browser: Browser) 
     browser.wait_for(
         "[...document.querySelectorAll('#dups-groups img')].every(i => i.complete && i.naturalWidth > 0)"
     )
-    assert browser.evaluate("document.querySelector('.dup-score').textContent").startswith(
-        "2 copies"
+    label = browser.evaluate("document.querySelector('.dup-score').textContent")
+    assert label.startswith("Resized or re-encoded · 2 copies") and "keep the marked" in label
+    assert browser.evaluate("document.querySelectorAll('#dups-groups figure.keeper').length") >= 1
+    # the view opens below the results: it is scrolled into sight, not left off-screen
+    assert browser.evaluate(
+        "document.getElementById('dups').getBoundingClientRect().top < innerHeight"
     )
     browser.evaluate("document.getElementById('dups-close').click()")
     assert browser.evaluate("document.getElementById('dups').hidden")

@@ -646,9 +646,17 @@ function photoFilterChanged() {
   if (state.query) run(true);
 }
 
+const TIERS = {
+  'identical': 'Identical files',
+  'same-pixels': 'Same pixels',
+  'resized': 'Resized or re-encoded',
+  'similar': 'Similar shots (a burst)',
+};
+
 async function showDuplicates() {
   const section = $('dups');
   section.hidden = false;
+  section.scrollIntoView({block: 'start'});  // below the results: bring it into view
   $('dups-groups').replaceChildren();
   $('dups-status').textContent = 'Looking for near-duplicates…';
   let data;
@@ -664,10 +672,13 @@ async function showDuplicates() {
     item.className = 'dup-group';
     const score = document.createElement('span');
     score.className = 'dup-score';
-    score.textContent = group.items.length + ' copies · similarity ≥ ' + group.score.toFixed(4);
+    score.textContent = (TIERS[group.tier] || group.tier) + ' · ' + group.items.length +
+      ' copies · similarity ≥ ' + group.score.toFixed(4) +
+      (group.keeper ? ' · keep the marked one: ' + group.keeper.reason : '');
     item.append(score);
     for (const member of group.items) {
       const figure = document.createElement('figure');
+      if (group.keeper && group.keeper.key === member.key) figure.className = 'keeper';
       const img = document.createElement('img');
       img.src = member.thumbnail;
       img.alt = nameOf({path: member.path, id: member.key});
@@ -682,6 +693,7 @@ async function showDuplicates() {
   const n = data.groups.length;
   $('dups-status').textContent = n ? n + (n === 1 ? ' group' : ' groups') + ' of near-duplicates' :
     'No near-duplicates in this index.';
+  section.scrollIntoView({block: 'start'});  // again: results may have grown above meanwhile
 }
 
 function setUpPhotos() {
