@@ -14,9 +14,10 @@ from tests.fakes import DIM, STAMP, FakeEmbedder, unit, write_png
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.indexer import index_folder, walk_images
-from themis_clip.index.search import ModelStamp, VectorIndex, top_k
+from themis_clip.index.search import VectorIndex, top_k
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.stores.sqlite import SCHEMA_VERSION, IndexStore
+from themis_clip.vocabulary import ModelIdentity
 
 # -- store -------------------------------------------------------------------------------------
 
@@ -155,7 +156,7 @@ def test_index_refuses_another_model(tmp_path: Path) -> None:
     with VectorIndex(tmp_path / "i.db") as index:
         index.bind_model(STAMP)
         index.bind_model(STAMP)
-        other = ModelStamp(model_id="other@123", sha256="cd" * 32, dim=DIM)
+        other = ModelIdentity.from_model_id("other@123", sha256="cd" * 32, dim=DIM)
         with pytest.raises(IndexModelMismatchError, match="Re-index"):
             index.bind_model(other)
         with pytest.raises(IndexModelMismatchError, match="3 dimensions"):

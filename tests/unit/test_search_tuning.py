@@ -10,11 +10,12 @@ import pytest
 from tests.fakes import clustered, unit_rows
 from themis_clip import ConfigError, MetadataError, SearchIndexError
 from themis_clip.index.ann import HNSWIndex
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.settings import GraphSettings
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.stores.sqlite import IndexStore
 from themis_clip.index.tuning import tune
+from themis_clip.vocabulary import ModelIdentity
 
 # Always measure a graph (at these sizes exact search is well under a millisecond).
 MEASURE = GraphSettings(exact_fast_ms=0.0)
@@ -26,7 +27,7 @@ def brute_top(data: np.ndarray, q: np.ndarray, k: int) -> set[int]:
 
 def fill(path: Path, data: np.ndarray, **kw: object) -> VectorIndex:
     index = VectorIndex(path, **kw)  # type: ignore[arg-type]
-    index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=data.shape[1]))
+    index.bind_model(ModelIdentity.from_model_id("t@1", sha256="ab" * 32, dim=data.shape[1]))
     index.store.upsert(
         [ItemRow(key=str(i), vector=v, metadata={"odd": i % 2}) for i, v in enumerate(data)],
         dim=data.shape[1],
@@ -216,7 +217,7 @@ def test_a_broad_filter_whose_matches_lie_far_away_is_still_complete(tmp_path: P
     far = unit_rows(-near[:1].repeat(22_000, 0) + 0.3 * rng.standard_normal((22_000, 64)))
     data = np.concatenate([near, far]).astype(np.float32)  # 22k far items match the filter
     with VectorIndex(tmp_path / "i.db", exact_threshold=0) as index:
-        index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=64))
+        index.bind_model(ModelIdentity.from_model_id("t@1", sha256="ab" * 32, dim=64))
         index.store.upsert(
             [
                 ItemRow(key=str(i), vector=v, metadata={"far": i >= 3_000})
@@ -338,6 +339,6 @@ def test_an_empty_index_is_tuned_to_exact_search_and_searched(tmp_path: Path) ->
     )
     assert plan.kind == "exact" and graph is None and plan.items == 0
     with VectorIndex(str(tmp_path / "e.db")) as index:
-        index.bind_model(ModelStamp(model_id="m@1", sha256="ab" * 32, dim=16))
+        index.bind_model(ModelIdentity.from_model_id("m@1", sha256="ab" * 32, dim=16))
         index.prepare_graph()
         assert index.search(unit_rows(np.ones((1, 16), np.float32))[0], 5) == []

@@ -41,7 +41,7 @@ from themis_clip.index.vectors import VECTORS_SUFFIX
 from themis_clip.index.where import Where, parse_where
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "ModelStamp", "VectorIndex", "top_k"]
+__all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "VectorIndex", "top_k"]
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,6 @@ GRAPH_SUFFIX = ".usearch"
 MAX_K = 10_000
 #: Hits' records read per store query by :meth:`VectorIndex.search_many`.
 _RECORDS_PER_READ = 2_000
-
-
-def ModelStamp(*, model_id: str, sha256: str, dim: int) -> ModelIdentity:  # noqa: N802
-    """The index's former name for the model identity (kept for callers of earlier versions)."""
-    return ModelIdentity.from_model_id(model_id, sha256=sha256, dim=dim)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +127,9 @@ class VectorIndex:
         if isinstance(self.store, PgStore):
             from themis_clip.index.searchers.postgres import PgSearcher
 
-            return PgSearcher(self.store, self.settings, progress=progress)
+            return PgSearcher(
+                self.store, self.settings, expansion_search=expansion_search, progress=progress
+            )
         from themis_clip.index.searchers.local import LocalSearcher
         from themis_clip.index.stores.sqlite import IndexStore
 

@@ -85,7 +85,7 @@ class SearchPlan:
     kind: SearchKind
     items: int
     reason: str
-    exact_p50_ms: float
+    exact_p50_ms: float | None = None
     dtype: GraphDType | None = None
     connectivity: int | None = None
     expansion_add: int | None = None
