@@ -5,10 +5,10 @@ queries over it, picked once when the index opens: the local one (exact numpy, o
 graph cached beside an SQLite file as ``<index>.usearch``) or PostgreSQL's own (pgvector's HNSW
 index, so several servers share one index).
 
-Exact or graph, and which graph, is measured, not fixed (:mod:`.tuning`): when exact search
-over the collection costs more than ``exact_fast_ms``, the tuner builds graphs from cheap to
-costly until one reaches the target recall@10 faster than exact search, or keeps exact search
-when none does (random-like data). The plan it measured (:class:`~.settings.SearchPlan`) is
+Exact or graph is measured, not fixed (:mod:`.tuning`): when exact search over the
+collection costs more than ``exact_fast_ms``, the tuner builds a graph and widens its search
+until it reaches the target recall@10, and keeps it when that is faster than exact search
+(otherwise, as on random-like data, exact search). The plan it measured (:class:`~.settings.SearchPlan`) is
 kept in the index's metadata and reported by :meth:`VectorIndex.stats`; it is measured again
 when the collection has doubled or halved since. Graphs hold i8 (default) or f16 vectors; their
 top candidates are re-scored exactly with the stored float32 vectors (kept memory-mapped beside

@@ -41,9 +41,6 @@ class GraphSettings:
         rescore: candidates fetched per requested result and re-scored (f16, i8).
         sample: index members held out of the graph as tuning queries (at most a fifth).
         exact_fast_ms: exact search at or below this latency is kept without building a graph.
-        ladder: (connectivity, expansion_add) steps, cheapest first.
-        near_miss: a step whose recall came within this of the target earns the next step.
-        max_build_s: a next step predicted to build for longer than this is not tried.
 
     Raises:
         ConfigError: a value out of range, or a dtype that is not one of :class:`GraphDType`.
@@ -54,9 +51,6 @@ class GraphSettings:
     rescore: int = 3
     sample: int = 1000
     exact_fast_ms: float = 1.0
-    ladder: tuple[tuple[int, int], ...] = ((16, 64), (32, 128), (64, 256))
-    near_miss: float = 0.15
-    max_build_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if not 0 < self.target_recall <= 1:
@@ -70,8 +64,8 @@ class GraphSettings:
                 f"graph dtype {self.dtype!r}: expected one of {', '.join(GraphDType)}",
                 key="search.graph_dtype",
             ) from None
-        if self.rescore < 1 or self.sample < 10 or not self.ladder:
-            raise ConfigError("rescore >= 1, sample >= 10 and a non-empty ladder are required")
+        if self.rescore < 1 or self.sample < 10:
+            raise ConfigError("rescore >= 1 and sample >= 10 are required")
 
     def fetch(self, k: int, dtype: str) -> int:
         """Candidates to ask the graph for, for ``k`` results."""
