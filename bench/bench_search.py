@@ -37,8 +37,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.embedding_data import clustered_rows, intrinsic_dimension, random_rows
 
+from themis_clip.config import SearchConfig
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.settings import GraphSettings
 from themis_clip.index.stores import ItemRow
 from themis_clip.vocabulary import ModelIdentity
 
@@ -147,7 +147,7 @@ def part_ours(
 ) -> dict[str, Any]:
     graph = Path(str(db) + ".usearch")
     graph.unlink(missing_ok=True)
-    with VectorIndex(db, settings=GraphSettings(dtype=dtype)) as index:
+    with VectorIndex(db, settings=SearchConfig(graph_dtype=dtype)) as index:
         index.store.set_meta({"search_plan": "", "ann_version": ""})  # tune afresh
         t0 = time.perf_counter()
         built = index.prepare_graph()

@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex, choose_i8_stretch
 from themis_clip.index.kernels import K, measure_exact_ms, rescore
-from themis_clip.index.settings import GraphSettings, SearchKind, SearchPlan
+from themis_clip.index.settings import SearchKind, SearchPlan
 
-# GraphSettings and SearchPlan live in .settings; importable from here as before.
-__all__ = ["GraphSettings", "SearchPlan", "tune"]
+# SearchConfig and SearchPlan live in .settings; importable from here as before.
+__all__ = ["SearchConfig", "SearchPlan", "tune"]
 
 #: (connectivity, expansion_add) of the graph built: 1M embedding-like vectors reach recall@10
 #: 0.98 on it at ~1 ms (bench/RESULTS.md).
@@ -97,7 +98,7 @@ class _Sample:
 def tune(
     ids: npt.NDArray[np.int64],
     matrix: npt.NDArray[np.float32],
-    settings: GraphSettings,
+    settings: SearchConfig,
     *,
     threads: int = 0,
     force_graph: bool = False,
@@ -153,13 +154,13 @@ def tune(
             connectivity=connectivity,
             expansion_add=expansion_add,
             expansion_search=fixed_expansion_search or 64,
-            dtype=settings.dtype,
+            dtype=settings.graph_dtype,
             threads=threads,
         )
         return SearchPlan(
             kind=SearchKind.HNSW,
             reason=f"{n} vectors: too few to measure; the cheapest graph",
-            dtype=settings.dtype,
+            dtype=settings.graph_dtype,
             connectivity=connectivity,
             expansion_add=expansion_add,
             expansion_search=graph.expansion_search,
@@ -168,7 +169,7 @@ def tune(
         ), graph
     sample = _Sample(matrix=matrix, ids=ids, rows=rows, kth=_truth(matrix, rows))
     connectivity, expansion_add = fixed or GRAPH
-    fetch = settings.fetch(K, settings.dtype)
+    fetch = settings.fetch(K, settings.graph_dtype)
     t0 = time.perf_counter()
     graph = _build_without(
         ids,
@@ -176,7 +177,7 @@ def tune(
         rows,
         connectivity=connectivity,
         expansion_add=expansion_add,
-        dtype=settings.dtype,
+        dtype=settings.graph_dtype,
         threads=threads,
         progress=_phase(progress, f"graph (connectivity {connectivity})"),
     )
@@ -296,7 +297,7 @@ def _phase(
 
 def _graph_plan(
     common: dict[str, Any],
-    settings: GraphSettings,
+    settings: SearchConfig,
     step: dict[str, Any],
     point: dict[str, Any],
     graph: HNSWIndex,
@@ -311,7 +312,7 @@ def _graph_plan(
             f"{why}: recall@10 {point['recall_at_10']:.3f} in {point['p50_ms']:.2f} ms "
             f"(exact {common['exact_p50_ms']:.2f} ms)"
         ),
-        dtype=settings.dtype,
+        dtype=settings.graph_dtype,
         connectivity=step["connectivity"],
         expansion_add=step["expansion_add"],
         expansion_search=int(point["expansion_search"]),

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
+from themis_clip.config import SearchConfig
+from themis_clip.index.settings import GraphDType, SearchKind, SearchPlan
 from themis_clip.index.stores.pgschema import filter_sql
 from themis_clip.index.stores.postgres import PgStore
 from themis_clip.index.where import Where
@@ -70,7 +71,7 @@ class PgSearcher:
     def __init__(
         self,
         store: PgStore,
-        settings: GraphSettings,
+        settings: SearchConfig,
         *,
         expansion_search: int | None = None,
         progress: Callable[[str, int, int], object] | None = None,
