@@ -22,8 +22,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from themis_clip.errors import MetadataError
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.vocabulary import ModelIdentity
 
 DIM = 64
 
@@ -32,7 +33,7 @@ def fill(index: VectorIndex, items: int, keys: int) -> None:
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((items, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    index.bind_model(ModelStamp(model_id="bench@1", sha256="ab" * 32, dim=DIM))
+    index.bind_model(ModelIdentity.from_model_id("bench@1", sha256="ab" * 32, dim=DIM))
     for start in range(0, items, 250):
         index.store.upsert(
             [

@@ -1,18 +1,18 @@
-"""pgvector's ``ef_search`` tuner against held-out queries (issue 30 item 5).
+"""pgvector's ``ef_search`` rule against held-out queries.
 
 In one run: embedding-like vectors (``bench/embedding_data.py``'s clustered generator, as
 ``bench/bench_search.py --data clustered``) go into a PostgreSQL store on one of the tests'
-servers (``tests/pg.py``), ``prepare_graph`` builds pgvector's HNSW index and runs the tuner
-(:mod:`themis_clip.index.searchers.pgtuning`: probe queries built from the stored vectors),
-then ``--queries`` held-out draws of the same distribution (never stored) are searched at each
-``ef_search`` of the tuner's sweep, cheapest first, up to the larger of the chosen setting and
-the first that reaches the target on them. Recall@10 counts a returned item when its score
-reaches the true 10th score (numpy over the stored vectors), as the tuner counts. Latency is
-one query at a time through ``PgSearcher.nearest`` (as the tuner times it), p50 over the queries.
+servers (``tests/pg.py``), ``prepare_graph`` builds pgvector's HNSW index and records the rule's
+``ef_search`` (:func:`themis_clip.index.searchers.postgres.ef_search_for`), then ``--queries``
+held-out draws of the same distribution (never stored) are searched at each ``ef_search`` of a
+sweep, cheapest first, up to the larger of the rule's setting and the first that reaches the
+target on them. Recall@10 counts a returned item when its score reaches the true 10th score
+(numpy over the stored vectors). Latency is one query at a time through ``PgSearcher.nearest``,
+p50 over the queries.
 
-Printed and appended to ``--out`` as one JSON line: the tuner's choice, the cheapest sweep
+Printed and appended to ``--out`` as one JSON line: the rule's setting, the cheapest sweep
 setting whose held-out recall reaches the target, their ratio in ``ef_search`` and in p50
-latency, and both curves.
+latency, and the curve.
 
 Run: PYTHONPATH=src .venv/bin/python bench/bench_pg_tuner.py --n 100000 [--pg-build "pgvector 0.8"]
 """
@@ -33,10 +33,10 @@ from bench.bench_search import fill
 from bench.embedding_data import clustered_rows
 
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.searchers import pgtuning
-from themis_clip.index.searchers.pgtuning import EF_SWEEP
 from themis_clip.index.searchers.postgres import PgSearcher
-from themis_clip.index.settings import GraphSettings
+
+#: ``hnsw.ef_search`` values tried, cheapest first, in steps of ~1.25x (pgvector's largest: 1000).
+EF_SWEEP = (40, 50, 64, 80, 100, 125, 160, 200, 250, 320, 400, 500, 640, 800, 1000)
 
 
 def kth_scores(data: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
@@ -51,11 +51,12 @@ def kth_scores(data: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray
 def held_out_point(
     pg: PgSearcher, ef: int, queries: np.ndarray, kth: np.ndarray
 ) -> dict[str, float]:
-    pg.nearest(queries[0], 10, None, expansion_search=ef)  # warm
+    pg.expansion_search = ef
+    pg.nearest(queries[0], 10, None)  # warm
     recalls, ms = [], []
     for q, bar in zip(queries, kth, strict=True):
         t0 = time.perf_counter()
-        _, scores = pg.nearest(q, 10, None, expansion_search=ef)
+        _, scores = pg.nearest(q, 10, None)
         ms.append((time.perf_counter() - t0) * 1000)
         recalls.append(float(np.sum(scores >= bar - 1e-5)) / 10)
     values = np.asarray(recalls)
@@ -86,12 +87,6 @@ def main() -> None:
         help="passes over the held-out curve, the settings taken in turn in each; p50 is the "
         "median of the passes' p50s (latency is noisy on a shared machine)",
     )
-    parser.add_argument(
-        "--scales",
-        default="",
-        help="comma-separated probe scales to run the tuner again with on the same index "
-        "(its choice for each, beside the held-out curve)",
-    )
     args = parser.parse_args()
     from tests.pg import running_server
 
@@ -99,16 +94,15 @@ def main() -> None:
     both = clustered_rows(rng, args.n + args.queries, args.dim)
     data, queries = both[: args.n], both[args.n :]  # held out: never stored
     kth = kth_scores(data, queries)
-    settings = GraphSettings(target_recall=args.target)
     with (
         running_server(args.pg_build) as server,
-        VectorIndex(server.url(), settings=settings) as index,
+        VectorIndex(server.url()) as index,
     ):
         t0 = time.perf_counter()
         fill(index, data, 5_000)
         insert_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        index.prepare_graph()  # CREATE INDEX ... USING hnsw, then the tuner
+        index.prepare_graph()  # CREATE INDEX ... USING hnsw
         prepare_s = time.perf_counter() - t0
         plan = index.plan
         assert plan is not None
@@ -117,19 +111,15 @@ def main() -> None:
         assert isinstance(pg, PgSearcher)
         chosen = plan.expansion_search
         print(f"{args.pg_build}, n {args.n}: {plan.reason}")
-        print(
-            f"  insert {insert_s:.0f} s, index + tuning {prepare_s:.0f} s (tuning {plan.tuning_s:.0f} s)"
-        )
+        print(f"  insert {insert_s:.0f} s, index {prepare_s:.0f} s")
         curve: list[dict[str, Any]] = []
         cheapest: dict[str, Any] | None = None
-        for ef in EF_SWEEP:
+        for ef in sorted({*EF_SWEEP, chosen}):  # the rule's setting measured too
             point = held_out_point(pg, ef, queries, kth)
             curve.append(point)
-            probe = next((p for p in plan.steps[0]["sweep"] if p["expansion_search"] == ef), None)
-            seen = f"  probes {probe['recall_at_10']:.4f}" if probe else ""
             print(
                 f"  ef_search {ef}: held-out {point['recall_at_10']:.4f} "
-                f"±{point['recall_se']:.4f}  p50 {point['p50_ms']:.2f} ms{seen}"
+                f"±{point['recall_se']:.4f}  p50 {point['p50_ms']:.2f} ms"
             )
             if cheapest is None and point["recall_at_10"] >= args.target:
                 cheapest = point
@@ -148,21 +138,6 @@ def main() -> None:
                     + ", ".join(f"{x:.2f}" for x in point["p50_rounds_ms"])
                     + ")"
                 )
-        others: list[dict[str, Any]] = []
-        for scale in [float(x) for x in args.scales.split(",") if x]:
-            again = pgtuning.measure_ef_search(pg, settings, args.n, scale=scale)
-            ef = again.expansion_search
-            assert ef is not None
-            while not any(p["ef_search"] == ef for p in curve):  # the held-out curve up to it
-                curve.append(held_out_point(pg, EF_SWEEP[len(curve)], queries, kth))
-            held = next(p for p in curve if p["ef_search"] == ef)
-            sweep = again.steps[0]["sweep"]
-            others.append({"scale": scale, "chosen_ef": ef, "held_out": held, "probe_sweep": sweep})
-            print(
-                f"  probes moved {scale:g}x: chose {ef} (probes {again.recall_at_10:.4f}; "
-                f"held-out there {held['recall_at_10']:.4f}, {held['p50_ms']:.2f} ms); "
-                + ", ".join(f"{p['expansion_search']}: {p['recall_at_10']:.4f}" for p in sweep)
-            )
         at_chosen = next(p for p in curve if p["ef_search"] == chosen)
         result: dict[str, Any] = {
             "n": args.n,
@@ -173,13 +148,10 @@ def main() -> None:
             "pgvector": index.store.extension_version,  # type: ignore[attr-defined]
             "target": args.target,
             "insert_s": insert_s,
-            "prepare_s": prepare_s,
-            "tuning_s": plan.tuning_s,
+            "index_s": prepare_s,
             "chosen_ef": chosen,
             "chosen_held_out": at_chosen,
-            "probe_sweep": plan.steps[0]["sweep"],
             "held_out_sweep": curve,
-            "other_scales": others,
         }
         if cheapest is not None:
             result["cheapest_ef"] = cheapest["ef_search"]

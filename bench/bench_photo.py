@@ -29,9 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from themis_clip.index.duplicates import find_duplicates
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.where import parse_where
+from themis_clip.vocabulary import ModelIdentity
 
 DIM = 512
 MAKES = ["Canon", "NIKON", "Apple", "SONY", "FUJIFILM"]
@@ -68,7 +69,7 @@ def main() -> None:
             tmp = stack.enter_context(tempfile.TemporaryDirectory())
             location = str(Path(tmp) / "bench.db")
             print("store: SQLite")
-        stamp = ModelStamp(model_id="bench@1", sha256="ef" * 32, dim=DIM)
+        stamp = ModelIdentity.from_model_id("bench@1", sha256="ef" * 32, dim=DIM)
         t0 = time.perf_counter()
         with VectorIndex(location) as index:
             index.bind_model(stamp)

@@ -37,16 +37,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.embedding_data import clustered_rows, intrinsic_dimension, random_rows
 
-from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.settings import GraphSettings
+from themis_clip.config import SearchConfig
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.vocabulary import ModelIdentity
 
 TARGET = 0.98
 #: The graph peers' construction breadth (efConstruction), one per run.
 PEER_EFC = 64
 #: The graph peers' search breadths, swept cheapest first up to the target.
 PEER_EF = [16, 24, 32, 48, 64, 96, 128, 256, 384, 512]
-STAMP_ARGS = {"model_id": "bench@0", "sha256": "0" * 64}
 
 
 def truth_sets(data: np.ndarray, queries: np.ndarray, k: int = 10) -> list[set[int]]:
@@ -115,7 +115,7 @@ def demo_embeddings(rng: np.random.Generator, n: int) -> np.ndarray:
 
 def fill(index: VectorIndex, data: np.ndarray, batch: int) -> None:
     """Every row of ``data`` as item ``str(row)``, ``batch`` rows per transaction."""
-    index.bind_model(ModelStamp(**STAMP_ARGS, dim=data.shape[1]))  # type: ignore[arg-type]
+    index.bind_model(ModelIdentity.from_model_id("bench@0", sha256="0" * 64, dim=data.shape[1]))
     for start in range(0, len(data), batch):
         index.store.upsert(
             [
@@ -147,7 +147,7 @@ def part_ours(
 ) -> dict[str, Any]:
     graph = Path(str(db) + ".usearch")
     graph.unlink(missing_ok=True)
-    with VectorIndex(db, settings=GraphSettings(dtype=dtype)) as index:
+    with VectorIndex(db, settings=SearchConfig(graph_dtype=dtype)) as index:
         index.store.set_meta({"search_plan": "", "ann_version": ""})  # tune afresh
         t0 = time.perf_counter()
         built = index.prepare_graph()

@@ -17,10 +17,10 @@ from PIL import Image
 
 from tests.helpers import photo_like
 from themis_clip import EmbeddingResult
-from themis_clip.index.search import ModelStamp
+from themis_clip.vocabulary import ModelIdentity
 
 DIM = 16
-STAMP = ModelStamp(model_id="fake@abc", sha256="ab" * 32, dim=DIM)
+STAMP = ModelIdentity.from_model_id("fake@abc", sha256="ab" * 32, dim=DIM)
 
 
 def unit(seed: int | bytes) -> np.ndarray:

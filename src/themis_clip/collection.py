@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.budget import PixelBudget
-from themis_clip.config import PluginConfig
+from themis_clip.config import PluginConfig, SearchConfig
 from themis_clip.errors import InputError, ModelError
 from themis_clip.feed import DecodeAhead
 from themis_clip.files import IMAGE_SUFFIXES
@@ -41,7 +41,6 @@ from themis_clip.index.relevance import (
     random_texts,
 )
 from themis_clip.index.search import Hit, VectorIndex
-from themis_clip.index.settings import GraphSettings
 from themis_clip.index.where import Where
 from themis_clip.loading import declared_preprocessor
 from themis_clip.plugin import OnnxClipPlugin
@@ -145,7 +144,7 @@ class Collection:
         config: PluginConfig,
         *,
         readonly: bool = False,
-        settings: GraphSettings | None = None,
+        settings: SearchConfig | None = None,
     ) -> Collection:
         """Open ``index`` (an SQLite file or a ``postgresql://`` URL) and start the model of
         ``config`` in the background; :meth:`close` (or ``with``) closes both. The text tower

@@ -184,19 +184,31 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchConfig:
-    """The search index (``search`` section; read by the CLI and the server).
+    """The search index and its tuner (``search`` section; the CLI, the server and the index
+    read it, checked once here).
 
     Attributes:
         index: the index: an SQLite file (relative to the config file) or a
             ``postgresql://`` URL. ``--index`` overrides it.
         target_recall: recall@10 against exact search that the self-tuned graph must reach.
         graph_dtype: vector type of the search graph, ``i8`` (default), ``f16`` or ``f32``
-            (i8 and f16 candidates are re-scored exactly from the stored float32 vectors).
+            (i8 and f16 candidates are re-scored exactly from the stored float32 vectors). i8
+            is the default because it is the smallest and, re-scored, as accurate per breadth
+            and the fastest (bench/RESULTS.md).
+        rescore: candidates fetched per requested result and re-scored (f16, i8).
+        sample: index members held out of the graph as tuning queries (at most a fifth).
+        exact_fast_ms: exact search at or below this latency is kept without building a graph.
+
+    Raises:
+        ConfigError: a value out of range, or a dtype that is not one of :class:`GraphDType`.
     """
 
     index: str | None = None
     target_recall: float = 0.98
     graph_dtype: GraphDType = GraphDType.I8
+    rescore: int = 3
+    sample: int = 1000
+    exact_fast_ms: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.target_recall <= 1:
@@ -209,6 +221,15 @@ class SearchConfig:
                 f"must be f16, i8 or f32, got {self.graph_dtype!r}", key="search.graph_dtype"
             )
         object.__setattr__(self, "graph_dtype", dtype)  # its string given: the member
+        if self.rescore < 1 or self.sample < 10:
+            raise ConfigError(
+                f"rescore >= 1 and sample >= 10 are required, got {self.rescore}, {self.sample}",
+                key="search",
+            )
+
+    def fetch(self, k: int, dtype: str) -> int:
+        """Candidates to ask a graph holding ``dtype`` vectors for, for ``k`` results."""
+        return k if dtype == GraphDType.F32 else k * self.rescore
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,6 +398,9 @@ class PluginConfig:
             graph_dtype=GraphDType(
                 search_r.one_of("graph_dtype", tuple(d.value for d in GraphDType), "i8")
             ),
+            rescore=search_r.get("rescore", int, 3),
+            sample=search_r.get("sample", int, 1000),
+            exact_fast_ms=search_r.number("exact_fast_ms", 1.0),
         )
         search_r.finish()
         config = cls(

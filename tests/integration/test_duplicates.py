@@ -17,11 +17,12 @@ from PIL import Image
 
 from themis_clip.cli import main
 from themis_clip.index.duplicates import find_duplicates
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.vocabulary import ModelIdentity
 
 DIM = 192
-STAMP = ModelStamp(model_id="thumb@1", sha256="cd" * 32, dim=DIM)
+STAMP = ModelIdentity.from_model_id("thumb@1", sha256="cd" * 32, dim=DIM)
 
 
 def embed(data: bytes) -> np.ndarray:

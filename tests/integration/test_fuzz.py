@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -56,14 +57,16 @@ def mutated_images(draw: st.DrawFn) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def plugin(tiny_model_dir: Path) -> OnnxClipPlugin:
+def plugin(tiny_model_dir: Path) -> Iterator[OnnxClipPlugin]:
     p = OnnxClipPlugin()
     assert p.initialize(
         PluginConfig.from_dict(
             {"model": {"path": str(tiny_model_dir)}, "preprocess": {"max_image_pixels": 4_000_000}}
         )
     )
-    return p
+    yield p
+    # Teardown: after every fuzz test of the module, whatever their order or selection.
+    assert p.health_check() and p.generate_embedding(SEEDS[0]).ok
 
 
 def check(plugin: OnnxClipPlugin, data: bytes) -> None:
@@ -95,7 +98,3 @@ def test_arbitrary_bytes(plugin: OnnxClipPlugin, data: bytes) -> None:
 def test_arbitrary_text(plugin: OnnxClipPlugin, text: str) -> None:
     result = plugin.generate_text_embedding(text)
     assert result.ok and result.embedding is not None and np.isfinite(result.embedding).all()
-
-
-def test_still_healthy_after_fuzzing(plugin: OnnxClipPlugin) -> None:
-    assert plugin.health_check() and plugin.generate_embedding(SEEDS[0]).ok

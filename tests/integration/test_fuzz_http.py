@@ -86,6 +86,8 @@ def client(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         seed = {"items": [{"id": "seed", "image": PNG, "metadata": {"tag": "a"}}]}
         assert c.post("/index/items", json=seed).status_code == 200
         yield c
+        # Teardown: after every fuzz test of the module, whatever their order or selection.
+        still_searchable(c)
 
 
 def check(r: Any) -> None:
@@ -196,7 +198,3 @@ def test_arbitrary_headers(client: TestClient, route: str, headers: dict[str, st
     body = json.dumps({"text": "x", "texts": None}).encode()
     check(client.post(route, content=body, headers=headers))
     check(client.get("/stats", headers=headers))
-
-
-def test_still_searchable_after_fuzzing(client: TestClient) -> None:
-    still_searchable(client)

@@ -14,9 +14,10 @@ from tests.fakes import STAMP, FakeEmbedder, unit, write_png
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.errors import WhereError
 from themis_clip.index.indexer import index_folder
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow, open_store
 from themis_clip.index.where import parse_where
+from themis_clip.vocabulary import ModelIdentity
 
 DIM = 16
 
@@ -187,7 +188,7 @@ def test_model_identity_is_recorded_and_enforced(location: str) -> None:
         assert index.stamp == STAMP
         index.bind_model(STAMP)
         with pytest.raises(IndexModelMismatchError, match="Re-index"):
-            index.bind_model(ModelStamp(model_id="other@1", sha256="cd" * 32, dim=DIM))
+            index.bind_model(ModelIdentity.from_model_id("other@1", sha256="cd" * 32, dim=DIM))
         with pytest.raises(IndexModelMismatchError, match="3 dimensions"):
             index.search(np.ones(3, np.float32), 1)
 

@@ -173,7 +173,14 @@ FULL = {
     "drain_timeout_s": 2.5,
     "allow_embedding_space_change": False,
     "prepack_weights": True,
-    "search": {"index": "/idx.db", "target_recall": 0.95, "graph_dtype": "f16"},
+    "search": {
+        "index": "/idx.db",
+        "target_recall": 0.95,
+        "graph_dtype": "f16",
+        "rescore": 4,
+        "sample": 500,
+        "exact_fast_ms": 2.0,
+    },
 }
 
 
@@ -225,3 +232,5 @@ def test_search_section_takes_a_url_or_a_path_relative_to_the_file(tmp_path: Pat
         PluginConfig.from_dict({"model": {"path": "/m"}, "search": {"graph_dtype": "f64"}})
     with pytest.raises(ConfigError, match="search.nope"):
         PluginConfig.from_dict({"model": {"path": "/m"}, "search": {"nope": 1}})
+    with pytest.raises(ConfigError, match="rescore >= 1"):  # the tuner's settings, one type
+        PluginConfig.from_dict({"model": {"path": "/m"}, "search": {"rescore": 0}})

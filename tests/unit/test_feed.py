@@ -18,9 +18,10 @@ from themis_clip import IndexModelMismatchError, OnnxClipPlugin
 from themis_clip.config import ModelConfig, PluginConfig
 from themis_clip.feed import DecodeAhead
 from themis_clip.index.indexer import index_folder
-from themis_clip.index.search import ModelStamp, VectorIndex
+from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
 from themis_clip.loading import declared_preprocessor
+from themis_clip.vocabulary import ModelIdentity
 
 
 def jpegs(folder: Path, n: int) -> list[Path]:
@@ -127,7 +128,7 @@ def test_prefetch_names_exactly_what_is_embedded_and_the_stamp_comes_after(
     embedder = Recording()
     calls: list[str] = []
 
-    def stamp() -> ModelStamp:
+    def stamp() -> ModelIdentity:
         calls.append(f"stamp after {len(embedder.prefetched)} prefetch")
         return STAMP
 
@@ -156,7 +157,7 @@ def test_a_deferred_stamp_of_another_model_writes_nothing(tmp_path: Path) -> Non
     with VectorIndex(tmp_path / "i.db") as index:
         index_folder(index, folder, FakeEmbedder(), stamp=STAMP)
         os.rename(folder / "0.png", folder / "moved.png")
-        other = ModelStamp(model_id="other@1", sha256="cd" * 32, dim=STAMP.dim)
+        other = ModelIdentity.from_model_id("other@1", sha256="cd" * 32, dim=STAMP.dim)
         with pytest.raises(IndexModelMismatchError, match="Re-index"):
             index_folder(index, folder, FakeEmbedder(), stamp=lambda: other)
         assert index.store.get(str((folder / "0.png").resolve())) is not None  # not renamed

@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import subprocess
-import sys
 
 import themis_clip
 from themis_clip import errors
@@ -27,23 +25,6 @@ def test_every_error_is_exported_and_in_the_tree() -> None:
             assert issubclass(obj, errors.ThemisClipError)
             assert name in themis_clip.__all__, name
             assert name in (errors.__doc__ or ""), f"{name} missing from the tree drawing"
-
-
-def test_import_has_no_side_effects() -> None:
-    # Importing the package must not import onnxruntime (sessions come from initialize()).
-    code = "import sys, themis_clip; print('onnxruntime' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
-
-
-def test_the_index_side_loads_no_model_libraries() -> None:
-    # Vectors only: searching an index needs neither Pillow nor ONNX Runtime.
-    code = (
-        "import sys, themis_clip.index.search, themis_clip.index.stores.sqlite; "
-        "print(sorted(m for m in ('PIL', 'onnxruntime', 'tokenizers') if m in sys.modules))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 def test_every_lazy_export_resolves_to_its_home() -> None:

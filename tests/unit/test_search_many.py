@@ -10,8 +10,8 @@ import pytest
 
 from tests.fakes import DIM, STAMP, unit
 from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
+from themis_clip.config import SearchConfig
 from themis_clip.index.search import Hit, VectorIndex
-from themis_clip.index.settings import GraphSettings
 from themis_clip.index.stores import ItemRow
 
 N = 400
@@ -47,7 +47,7 @@ def same(batch: list[list[Hit]], one_by_one: list[list[Hit]]) -> None:
 def test_search_many_equals_search_query_by_query(
     tmp_path: Path, threshold: int, dtype: str
 ) -> None:
-    settings = GraphSettings(dtype=dtype)  # type: ignore[arg-type]
+    settings = SearchConfig(graph_dtype=dtype)  # type: ignore[arg-type]
     with VectorIndex(tmp_path / "i.db", exact_threshold=threshold, settings=settings) as index:
         fill(index)
         q = queries(40)

@@ -9,15 +9,16 @@ import pytest
 
 from tests.fakes import clustered, unit_rows
 from themis_clip import ConfigError, MetadataError, SearchIndexError
+from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
-from themis_clip.index.search import ModelStamp, VectorIndex
-from themis_clip.index.settings import GraphSettings
+from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.stores.sqlite import IndexStore
 from themis_clip.index.tuning import tune
+from themis_clip.vocabulary import ModelIdentity
 
 # Always measure a graph (at these sizes exact search is well under a millisecond).
-MEASURE = GraphSettings(exact_fast_ms=0.0)
+MEASURE = SearchConfig(exact_fast_ms=0.0)
 
 
 def brute_top(data: np.ndarray, q: np.ndarray, k: int) -> set[int]:
@@ -26,7 +27,7 @@ def brute_top(data: np.ndarray, q: np.ndarray, k: int) -> set[int]:
 
 def fill(path: Path, data: np.ndarray, **kw: object) -> VectorIndex:
     index = VectorIndex(path, **kw)  # type: ignore[arg-type]
-    index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=data.shape[1]))
+    index.bind_model(ModelIdentity.from_model_id("t@1", sha256="ab" * 32, dim=data.shape[1]))
     index.store.upsert(
         [ItemRow(key=str(i), vector=v, metadata={"odd": i % 2}) for i, v in enumerate(data)],
         dim=data.shape[1],
@@ -97,7 +98,7 @@ def test_cheap_exact_search_is_kept_without_building(monkeypatch: pytest.MonkeyP
     builds = count_builds(monkeypatch)
     data = clustered(np.random.default_rng(2), 2_000)  # exact search ~0.05 ms
     # A 5 ms bar, not the default 1 ms: 100x slack, which no loaded machine closes.
-    plan, graph = tune(np.arange(2_000, dtype=np.int64), data, GraphSettings(exact_fast_ms=5.0))
+    plan, graph = tune(np.arange(2_000, dtype=np.int64), data, SearchConfig(exact_fast_ms=5.0))
     assert plan.kind == "exact" and graph is None and builds == []
     assert "exact search takes" in plan.reason
 
@@ -107,7 +108,7 @@ def test_compact_graphs_are_rescored_exactly_and_hold_recall(tmp_path: Path, dty
     rng = np.random.default_rng(3)
     both = clustered(rng, 20_100)
     data, queries = both[:20_000], both[20_000:]  # held out: never indexed
-    settings = GraphSettings(dtype=dtype)
+    settings = SearchConfig(graph_dtype=dtype)
     # exact_threshold 0: always a graph (timing decides nothing here; the tuner tests do that).
     with fill(tmp_path / "i.db", data, settings=settings, exact_threshold=0) as index:
         assert index.prepare_graph() is True
@@ -205,9 +206,9 @@ def test_bad_queries_are_refused_clearly(tmp_path: Path) -> None:
 
 def test_settings_are_checked() -> None:
     with pytest.raises(ConfigError, match="dtype"):
-        GraphSettings(dtype="f64")  # type: ignore[arg-type]
+        SearchConfig(graph_dtype="f64")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="target_recall"):
-        GraphSettings(target_recall=1.5)
+        SearchConfig(target_recall=1.5)
 
 
 def test_a_broad_filter_whose_matches_lie_far_away_is_still_complete(tmp_path: Path) -> None:
@@ -216,7 +217,7 @@ def test_a_broad_filter_whose_matches_lie_far_away_is_still_complete(tmp_path: P
     far = unit_rows(-near[:1].repeat(22_000, 0) + 0.3 * rng.standard_normal((22_000, 64)))
     data = np.concatenate([near, far]).astype(np.float32)  # 22k far items match the filter
     with VectorIndex(tmp_path / "i.db", exact_threshold=0) as index:
-        index.bind_model(ModelStamp(model_id="t@1", sha256="ab" * 32, dim=64))
+        index.bind_model(ModelIdentity.from_model_id("t@1", sha256="ab" * 32, dim=64))
         index.store.upsert(
             [
                 ItemRow(key=str(i), vector=v, metadata={"far": i >= 3_000})
@@ -323,7 +324,7 @@ def test_the_tuner_takes_the_i8_stretch_from_the_whole_collection() -> None:
     # A graph whatever the timings (under load exact search can win at 20k and keep none:
     # what this test checks is the graph's stretch, not that decision).
     plan, graph = tune(
-        ids, data, GraphSettings(dtype="i8", exact_fast_ms=0.0), threads=2, force_graph=True
+        ids, data, SearchConfig(graph_dtype="i8", exact_fast_ms=0.0), threads=2, force_graph=True
     )
     assert graph is not None and plan.steps
     # One in 2,000 is too few to set the scale; in that first segment alone they would.
@@ -334,10 +335,10 @@ def test_the_tuner_takes_the_i8_stretch_from_the_whole_collection() -> None:
 def test_an_empty_index_is_tuned_to_exact_search_and_searched(tmp_path: Path) -> None:
     """An empty folder's index (a tryout's traceback: the tuner measured zero vectors)."""
     plan, graph = tune(
-        np.zeros(0, np.int64), np.zeros((0, 16), np.float32), GraphSettings(), force_graph=True
+        np.zeros(0, np.int64), np.zeros((0, 16), np.float32), SearchConfig(), force_graph=True
     )
     assert plan.kind == "exact" and graph is None and plan.items == 0
     with VectorIndex(str(tmp_path / "e.db")) as index:
-        index.bind_model(ModelStamp(model_id="m@1", sha256="ab" * 32, dim=16))
+        index.bind_model(ModelIdentity.from_model_id("m@1", sha256="ab" * 32, dim=16))
         index.prepare_graph()
         assert index.search(unit_rows(np.ones((1, 16), np.float32))[0], 5) == []

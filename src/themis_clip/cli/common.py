@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import unicodedata
@@ -12,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from themis_clip import jsonio
-from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.config import ModelConfig, PluginConfig, SearchConfig
 from themis_clip.errors import ConfigError, ThemisClipError
-from themis_clip.index.settings import GraphDType, GraphSettings
+from themis_clip.index.settings import GraphDType
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.resources import demo_model_path
@@ -123,14 +124,16 @@ def index_location(args: argparse.Namespace, default: str | None = DEFAULT_INDEX
     return config_from(args).search.index or default
 
 
-def graph_settings(args: argparse.Namespace) -> GraphSettings:
+def graph_settings(args: argparse.Namespace) -> SearchConfig:
     """The self-tuner's settings: the config's ``search`` section, overridden by flags."""
     search = config_from(args).search
     target = args.target_recall if args.target_recall is not None else search.target_recall
-    if not 0 < target <= 1:
-        raise CLIError(f"--target-recall must be in (0, 1], got {target}")
-    dtype = GraphDType(args.graph_dtype or search.graph_dtype)
-    return GraphSettings(target_recall=target, dtype=dtype)
+    try:  # SearchConfig checks it; the message names the flag
+        return dataclasses.replace(
+            search, target_recall=target, graph_dtype=args.graph_dtype or search.graph_dtype
+        )
+    except ConfigError as exc:
+        raise CLIError(f"--target-recall {exc}") from None
 
 
 def not_initialize_failed(record: logging.LogRecord) -> bool:

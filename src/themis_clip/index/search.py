@@ -5,16 +5,16 @@ queries over it, picked once when the index opens: the local one (exact numpy, o
 graph cached beside an SQLite file as ``<index>.usearch``) or PostgreSQL's own (pgvector's HNSW
 index, so several servers share one index).
 
-Exact or graph, and which graph, is measured, not fixed (:mod:`.tuning`): when exact search
-over the collection costs more than ``exact_fast_ms``, the tuner builds graphs from cheap to
-costly until one reaches the target recall@10 faster than exact search, or keeps exact search
-when none does (random-like data). The plan it measured (:class:`~.settings.SearchPlan`) is
-kept in the index's metadata and reported by :meth:`VectorIndex.stats`; it is measured again
-when the collection has doubled or halved since. Graphs hold i8 (default) or f16 vectors; their
-top candidates are re-scored exactly with the stored float32 vectors (kept memory-mapped beside
-the graph as ``<index>.vectors``, :mod:`.vectors`). How graphs catch up with writes and when they
-are built is the local searcher's (:mod:`.searchers.local`). :meth:`VectorIndex.search_many`
-answers many queries at once (one graph batch on every core).
+Exact or graph is measured, not fixed (:mod:`.tuning`): when exact search over the collection costs
+more than ``exact_fast_ms``, the tuner builds a graph and widens its search until it reaches the
+target recall@10, and keeps it when that is faster than exact search (otherwise, as on random-like
+data, exact search). The plan it measured (:class:`~.settings.SearchPlan`) is kept in the index's
+metadata and reported by :meth:`VectorIndex.stats`; it is measured again when the collection has
+doubled or halved since. Graphs hold i8 (default) or f16 vectors; their top candidates are re-scored
+exactly with the stored float32 vectors (kept memory-mapped beside the graph as ``<index>.vectors``,
+:mod:`.vectors`). How graphs catch up with writes and when they are built is the local searcher's
+(:mod:`.searchers.local`). :meth:`VectorIndex.search_many` answers many queries at once (one graph
+batch on every core).
 
 Thread safety: searches may run concurrently with each other (the HTTP server runs them on a
 thread pool); each searcher serialises only what changes its own structures.
@@ -31,17 +31,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.config import SearchConfig
 from themis_clip.errors import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.kernels import top_k
 from themis_clip.index.metadata import validate_filters
 from themis_clip.index.searchers.base import Searcher
-from themis_clip.index.settings import GraphSettings, SearchKind, SearchPlan
+from themis_clip.index.settings import SearchKind, SearchPlan
 from themis_clip.index.stores import Store, StoredItem, drop_store, is_url, open_store
 from themis_clip.index.vectors import VECTORS_SUFFIX
 from themis_clip.index.where import Where, parse_where
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "ModelStamp", "VectorIndex", "top_k"]
+__all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "VectorIndex", "top_k"]
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +52,6 @@ GRAPH_SUFFIX = ".usearch"
 MAX_K = 10_000
 #: Hits' records read per store query by :meth:`VectorIndex.search_many`.
 _RECORDS_PER_READ = 2_000
-
-
-def ModelStamp(*, model_id: str, sha256: str, dim: int) -> ModelIdentity:  # noqa: N802
-    """The index's former name for the model identity (kept for callers of earlier versions)."""
-    return ModelIdentity.from_model_id(model_id, sha256=sha256, dim=dim)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,13 +87,13 @@ class VectorIndex:
         expansion_search: int | None = None,
         connectivity: int | None = None,
         expansion_add: int | None = None,
-        settings: GraphSettings | None = None,
+        settings: SearchConfig | None = None,
         background_build: bool = False,
         progress: Callable[[str, int, int], object] | None = None,
     ) -> None:
         self.store: Store = open_store(location, readonly=readonly)
         self.location = str(self.store.path)  # for messages: a URL without its password
-        self.settings = settings or GraphSettings()
+        self.settings = settings or SearchConfig()
         try:
             self.searcher: Searcher = self._searcher_for(
                 location,
@@ -132,7 +128,9 @@ class VectorIndex:
         if isinstance(self.store, PgStore):
             from themis_clip.index.searchers.postgres import PgSearcher
 
-            return PgSearcher(self.store, self.settings, progress=progress)
+            return PgSearcher(
+                self.store, self.settings, expansion_search=expansion_search, progress=progress
+            )
         from themis_clip.index.searchers.local import LocalSearcher
         from themis_clip.index.stores.sqlite import IndexStore
 

@@ -1,24 +1,16 @@
 """The self-tuner: measure which search a collection needs instead of guessing.
 
-Graph parameters that suit one collection are wrong for another: clustered, low-dimensional
-data (real embeddings) reaches recall@10 0.98 with a degree-16 graph in about a millisecond,
-while random vectors need a degree-64 graph that is slower than exact search. So at build time
-:func:`tune` measures, on a sample of the collection's own vectors:
+At build time :func:`tune` measures, on a sample of the collection's own vectors, exact
+search's latency (when it is already fast, ``exact_fast_ms``, nothing is built), then builds
+one graph (connectivity 16, expansion_add 64: enough for embeddings, ``bench/RESULTS.md``) and
+raises ``expansion_search`` until recall@10 against exact search reaches the target. The graph
+wins when it gets there faster than exact search; otherwise (random-like data, where a graph
+needs a breadth near the whole set) exact search is kept.
 
-1. exact search's latency at this size (the baseline); when it is already fast
-   (``exact_fast_ms``), nothing is built;
-2. for each step of a ladder of graph sizes (connectivity, expansion_add), cheapest first: the
-   smallest ``expansion_search`` whose recall@10 against exact search reaches the target, and
-   its latency (re-scoring included). The first step whose latency beats exact search wins.
-   Higher ``expansion_search`` only costs more, so a sweep stops where it passes exact search's
-   latency; the next, costlier step is tried only when this one came close to the target.
-
-Recall is measured on a random sample of the index's own vectors held out of the graph while
-it is measured (they join it afterwards): queries a graph has never seen, like real ones. A
-member used as its own query would overstate recall (measured: 0.984 on members, 0.960 on
-fresh queries, 100k embedding-like vectors). A returned item counts as correct when its exact
-score reaches the true 10th score, so exact ties and duplicates are not misses. The result, a
-:class:`SearchPlan`, is recorded in the index's metadata and reported by ``stats``.
+Recall is measured on a sample of the index's own vectors held out of the graph while it is
+measured (they join it afterwards): queries a graph has never seen, like real ones. A returned
+item counts when its exact score reaches the true 10th score, so ties are not misses. The
+result, a :class:`SearchPlan`, is recorded in the index's metadata and reported by ``stats``.
 """
 
 from __future__ import annotations
@@ -32,13 +24,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex, choose_i8_stretch
 from themis_clip.index.kernels import K, measure_exact_ms, rescore
-from themis_clip.index.settings import GraphSettings, SearchKind, SearchPlan
+from themis_clip.index.settings import SearchKind, SearchPlan
 
-# GraphSettings and SearchPlan live in .settings; importable from here as before.
-__all__ = ["GraphSettings", "SearchPlan", "tune"]
+# SearchConfig and SearchPlan live in .settings; importable from here as before.
+__all__ = ["SearchConfig", "SearchPlan", "tune"]
 
+#: (connectivity, expansion_add) of the graph built: 1M embedding-like vectors reach recall@10
+#: 0.98 on it at ~1 ms (bench/RESULTS.md).
+GRAPH = (16, 64)
 #: Fewer held-out queries than this measure nothing (collections under 50 vectors).
 MIN_SAMPLE = 10
 #: The breadths the tuner tries, in steps of ~1.25x where the usual targets land.
@@ -102,7 +98,7 @@ class _Sample:
 def tune(
     ids: npt.NDArray[np.int64],
     matrix: npt.NDArray[np.float32],
-    settings: GraphSettings,
+    settings: SearchConfig,
     *,
     threads: int = 0,
     force_graph: bool = False,
@@ -114,10 +110,10 @@ def tune(
 
     Args:
         force_graph: build a graph even when exact search is cheaper (the index's fixed
-            ``exact_threshold`` asked for one); the best step found is kept.
-        fixed: (connectivity, expansion_add) given by the caller: the only step tried.
+            ``exact_threshold`` asked for one); the best breadth found is kept.
+        fixed: (connectivity, expansion_add) given by the caller instead of :data:`GRAPH`.
         fixed_expansion_search: given by the caller: not swept, only measured.
-        progress: ``(phase, done, total)`` while graphs are built.
+        progress: ``(phase, done, total)`` while the graph is built.
 
     Returns:
         The plan and, when it chose a graph, the graph.
@@ -151,20 +147,20 @@ def tune(
             **common,
         ), None
     if size < MIN_SAMPLE:  # too few vectors to measure anything: the cheapest graph
-        connectivity, expansion_add = fixed or settings.ladder[0]
+        connectivity, expansion_add = fixed or GRAPH
         graph = HNSWIndex.build(
             ids,
             matrix,
             connectivity=connectivity,
             expansion_add=expansion_add,
             expansion_search=fixed_expansion_search or 64,
-            dtype=settings.dtype,
+            dtype=settings.graph_dtype,
             threads=threads,
         )
         return SearchPlan(
             kind=SearchKind.HNSW,
             reason=f"{n} vectors: too few to measure; the cheapest graph",
-            dtype=settings.dtype,
+            dtype=settings.graph_dtype,
             connectivity=connectivity,
             expansion_add=expansion_add,
             expansion_search=graph.expansion_search,
@@ -172,98 +168,76 @@ def tune(
             **common,
         ), graph
     sample = _Sample(matrix=matrix, ids=ids, rows=rows, kth=_truth(matrix, rows))
-    ladder = (fixed,) if fixed else settings.ladder
-    fetch = settings.fetch(K, settings.dtype)
-    steps: list[dict[str, Any]] = []
-    best: tuple[float, float, dict[str, Any], HNSWIndex] | None = None  # recall, -p50, ...
-    previous_build = 0.0
-    for number, (connectivity, expansion_add) in enumerate(ladder):
-        if number and previous_build * 4 > settings.max_build_s:
-            steps.append({"connectivity": connectivity, "skipped": "predicted build too long"})
-            break
-        t0 = time.perf_counter()
-        graph = _build_without(
-            ids,
-            matrix,
-            rows,
-            connectivity=connectivity,
-            expansion_add=expansion_add,
-            dtype=settings.dtype,
-            threads=threads,
-            progress=_phase(progress, f"graph (connectivity {connectivity})"),
-        )
-        previous_build = time.perf_counter() - t0
-        step: dict[str, Any] = {
-            "connectivity": connectivity,
-            "expansion_add": expansion_add,
-            "build_s": round(previous_build, 2),
-            "sweep": [],
+    connectivity, expansion_add = fixed or GRAPH
+    fetch = settings.fetch(K, settings.graph_dtype)
+    t0 = time.perf_counter()
+    graph = _build_without(
+        ids,
+        matrix,
+        rows,
+        connectivity=connectivity,
+        expansion_add=expansion_add,
+        dtype=settings.graph_dtype,
+        threads=threads,
+        progress=_phase(progress, f"graph (connectivity {connectivity})"),
+    )
+    step: dict[str, Any] = {
+        "connectivity": connectivity,
+        "expansion_add": expansion_add,
+        "build_s": round(time.perf_counter() - t0, 2),
+        "sweep": [],
+    }
+    if graph.i8_stretch is not None:
+        step["i8_stretch"] = graph.i8_stretch
+    chosen: dict[str, Any] | None = None
+    best: dict[str, Any] | None = None  # the best recall seen, kept when a graph is forced
+    sweep = (fixed_expansion_search,) if fixed_expansion_search else _EXPANSIONS
+    for ef in sweep:
+        if ef < fetch:
+            continue
+        graph.expansion_search = ef
+        recall, error = sample.recall(graph, fetch, threads=threads)
+        p50, p99 = sample.latency(graph, fetch)
+        point = {
+            "expansion_search": ef,
+            "recall_at_10": round(recall, 4),
+            "recall_se": round(error, 4),
+            "p50_ms": p50,
         }
-        if graph.i8_stretch is not None:
-            step["i8_stretch"] = graph.i8_stretch
-        steps.append(step)
-        chosen: dict[str, Any] | None = None
-        closest = 0.0
-        sweep = (fixed_expansion_search,) if fixed_expansion_search else _EXPANSIONS
-        for ef in sweep:
-            if ef is None or ef < fetch:
-                continue
-            graph.expansion_search = ef
-            recall, error = sample.recall(graph, fetch, threads=threads)
-            p50, p99 = sample.latency(graph, fetch)
-            point = {
-                "expansion_search": ef,
-                "recall_at_10": round(recall, 4),
-                "recall_se": round(error, 4),
-                "p50_ms": p50,
-            }
-            step["sweep"].append(point)
-            key = (recall, -p50)
-            # The best graph so far is kept only when one is forced (each holds the vectors).
-            if force_graph and (best is None or key > best[:2]):
-                best = (recall, -p50, {**point, "p99_ms": p99, **_of(step)}, graph)
-            if p50 <= exact_p50 or force_graph:
-                closest = max(closest, recall)
-            # A setting that reaches the target only by the sample's luck is not taken: its
-            # recall less one standard error over the queries must (1,000 queries: ~0.002).
-            if recall - error >= settings.target_recall:
-                chosen = {**point, "p99_ms": p99}
-                break
-            if p50 > exact_p50 and not force_graph:
-                break  # a wider search only costs more
-        if chosen is not None and not force_graph and chosen["p50_ms"] < exact_p50:
-            # Exact search was timed once, at the start: time it again before a graph wins on
-            # it, so that one busy moment then does not decide (the lower of the two counts).
-            again, _ = measure_exact_ms(matrix, matrix[rows])
-            exact_p50 = min(exact_p50, again)
-            common["exact_p50_ms"] = exact_p50
-        if chosen is not None and (force_graph or chosen["p50_ms"] < exact_p50):
-            graph.add(ids[rows], matrix[rows], threads=threads)  # the held-out rows join
-            return _graph_plan(
-                common, settings, step, chosen, graph, steps, started, "reaches the target"
-            ), graph
-        if chosen is not None:  # reached, but slower than exact: a bigger graph is slower still
+        step["sweep"].append(point)
+        if best is None or recall > best["recall_at_10"]:
+            best = {**point, "p99_ms": p99}
+        # A setting that reaches the target only by the sample's luck is not taken: its
+        # recall less one standard error over the queries must (1,000 queries: ~0.002).
+        if recall - error >= settings.target_recall:
+            chosen = {**point, "p99_ms": p99}
             break
-        if not force_graph and closest < settings.target_recall - settings.near_miss:
-            break
-    if force_graph and best is not None:
-        _, _, point, graph = best
-        graph.add(ids[rows], matrix[rows], threads=threads)
-        step = next(s for s in steps if s.get("connectivity") == point["connectivity"])
-        return _graph_plan(
-            common, settings, step, point, graph, steps, started, "best found (target missed)"
-        ), graph
-    reached = max((p["recall_at_10"] for s in steps for p in s.get("sweep", [])), default=0.0)
-    return SearchPlan(
-        kind=SearchKind.EXACT,
-        reason=(
-            f"no graph on the ladder reached recall@10 {settings.target_recall} faster than "
-            f"exact search ({exact_p50:.2f} ms); best recall {reached:.3f}"
-        ),
-        tuning_s=time.perf_counter() - started,
-        steps=steps,
-        **common,
-    ), None
+        if p50 > exact_p50 and not force_graph:
+            break  # a wider search only costs more
+    if chosen is not None and not force_graph and chosen["p50_ms"] < exact_p50:
+        # Exact search was timed once, at the start: time it again before a graph wins on
+        # it, so that one busy moment then does not decide (the lower of the two counts).
+        again, _ = measure_exact_ms(matrix, matrix[rows])
+        exact_p50 = min(exact_p50, again)
+        common["exact_p50_ms"] = exact_p50
+    if chosen is not None and (force_graph or chosen["p50_ms"] < exact_p50):
+        why = "reaches the target"
+    elif force_graph and best is not None:
+        chosen, why = best, "best found (target missed)"
+    else:
+        reached = max((p["recall_at_10"] for p in step["sweep"]), default=0.0)
+        return SearchPlan(
+            kind=SearchKind.EXACT,
+            reason=(
+                f"no graph reached recall@10 {settings.target_recall} faster than exact "
+                f"search ({exact_p50:.2f} ms); best recall {reached:.3f}"
+            ),
+            tuning_s=time.perf_counter() - started,
+            steps=[step],
+            **common,
+        ), None
+    graph.add(ids[rows], matrix[rows], threads=threads)  # the held-out rows join
+    return _graph_plan(common, settings, step, chosen, graph, started, why), graph
 
 
 def _build_without(
@@ -321,17 +295,12 @@ def _phase(
     return callback
 
 
-def _of(step: dict[str, Any]) -> dict[str, Any]:
-    return {"connectivity": step["connectivity"], "expansion_add": step["expansion_add"]}
-
-
 def _graph_plan(
     common: dict[str, Any],
-    settings: GraphSettings,
+    settings: SearchConfig,
     step: dict[str, Any],
     point: dict[str, Any],
     graph: HNSWIndex,
-    steps: list[dict[str, Any]],
     started: float,
     why: str,
 ) -> SearchPlan:
@@ -343,7 +312,7 @@ def _graph_plan(
             f"{why}: recall@10 {point['recall_at_10']:.3f} in {point['p50_ms']:.2f} ms "
             f"(exact {common['exact_p50_ms']:.2f} ms)"
         ),
-        dtype=settings.dtype,
+        dtype=settings.graph_dtype,
         connectivity=step["connectivity"],
         expansion_add=step["expansion_add"],
         expansion_search=int(point["expansion_search"]),
@@ -352,6 +321,6 @@ def _graph_plan(
         p99_ms=float(point.get("p99_ms", point["p50_ms"])),
         graph_bytes_per_item=graph.serialized_bytes / max(1, len(graph)),
         tuning_s=time.perf_counter() - started,
-        steps=steps,
+        steps=[step],
         **common,
     )

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from themis_clip.config import PluginConfig
-from themis_clip.index.settings import GraphSettings
+from themis_clip.config import PluginConfig, SearchConfig
 
 __all__ = ["ServerSettings"]
 
@@ -52,7 +51,7 @@ class ServerSettings:
 
     plugin_config: PluginConfig
     index_path: str | None = None
-    search_settings: GraphSettings = field(default_factory=GraphSettings)
+    search_settings: SearchConfig = field(default_factory=SearchConfig)
     model_root: str | None = None
     admin_token: str | None = None
     allow_pull: bool = False

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.kernels import rescore, top_k, top_k_many
-from themis_clip.index.settings import GraphDType, GraphSettings
+from themis_clip.index.settings import GraphDType
 from themis_clip.index.stores.base import Store
 from themis_clip.index.vectors import VectorTable
 
@@ -34,7 +35,7 @@ class Structures:
     float32 vectors its candidates are re-scored with (None: the store's rows)."""
 
     store: Store
-    settings: GraphSettings
+    settings: SearchConfig
     ann: HNSWIndex | None
     table: VectorTable | None
     ids: npt.NDArray[np.int64]

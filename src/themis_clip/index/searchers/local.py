@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.kernels import measure_exact_ms
 from themis_clip.index.rwlock import ReadWriteLock
 from themis_clip.index.searchers.answers import SELECTIVE_FILTER, Structures
-from themis_clip.index.settings import GraphDType, GraphSettings, SearchKind, SearchPlan
+from themis_clip.index.settings import GraphDType, SearchKind, SearchPlan
 from themis_clip.index.stores.base import GraphFileStore
 from themis_clip.index.tuning import tune
 from themis_clip.index.vectors import VectorTable
@@ -81,7 +82,7 @@ class LocalSearcher:
         store: GraphFileStore,
         *,
         graph_path: Path | None,
-        settings: GraphSettings,
+        settings: SearchConfig,
         vectors_path: Path | None = None,
         exact_threshold: int | None = None,
         expansion_search: int | None = None,
