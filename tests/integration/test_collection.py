@@ -44,7 +44,7 @@ def test_a_library_user_gets_exif_dates_and_the_clis_queries(
         assert collection.plugin.decode_budget(config) is budget
         assert budget.capacity == config.preprocess.pixel_budget
         taken_2023 = parse_where({"taken": {"$gte": "2023-01-01"}})
-        hits = collection.search("a photo", k=10, where=taken_2023)
+        hits = collection.search("a photo", k=10, where=taken_2023, cut="none")
         assert sorted(Path(h.path or "").parent.name for h in hits) == ["2023"] * 3
         # an image query finds its own file first; a subtracted part changes the vector
         probe = photos / "2019" / "1.jpg"
@@ -54,7 +54,7 @@ def test_a_library_user_gets_exif_dates_and_the_clis_queries(
         assert np.isclose(np.linalg.norm(shifted), 1.0) and not np.allclose(plain, shifted)
         with pytest.raises(InputError, match="no image file missing/x.jpg"):
             collection.query_vector(Query(text="a photo", add=["missing/x.jpg"]))
-        assert collection.search("2023", k=3, hybrid=True)
+        assert collection.search("2023", k=3, hybrid=True)  # fused ranks: not cut
         with pytest.raises(InputError, match="hybrid"):
             collection.search(Query(image=str(probe)), hybrid=True)
         again = collection.index_folder(photos)

@@ -40,6 +40,11 @@ def exif(year: int) -> Image.Exif:
 
 def write_dng(path: Path) -> None:
     """A 64x48 RGGB sensor image of a red scene, as a DNG (LibRaw decodes it)."""
+    write_dng_sized(path, 64, 48)
+
+
+def write_dng_sized(path: Path, width: int, height: int) -> None:
+    """A ``width`` x ``height`` RGGB sensor image of a red scene, as a DNG."""
     from pidng.core import RAW2DNG, DNGTags, Tag
     from pidng.defs import (
         CalibrationIlluminant,
@@ -49,7 +54,6 @@ def write_dng(path: Path) -> None:
         PhotometricInterpretation,
     )
 
-    width, height = 64, 48
     bayer = np.zeros((height, width), dtype=np.uint16)
     bayer[0::2, 0::2], bayer[1::2, 1::2] = 3000, 300  # R, B
     bayer[0::2, 1::2] = bayer[1::2, 0::2] = 500  # G
