@@ -206,3 +206,28 @@ def new_key(keys: Path, scope: str, name: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
+
+
+#: a text that drives :data:`BACKTRACKING_SPLIT` into onig's retry limit (a Rust panic)
+HOSTILE_TEXT = "a" * 40 + "!"
+#: a pre-tokenizer pattern that matches plain text at once and backtracks catastrophically
+#: on :data:`HOSTILE_TEXT`
+BACKTRACKING_SPLIT = r"(\w+\s?)+$"
+
+
+def hostile_tokenizer_model(model_dir: Path, dst: Path) -> Path:
+    """A copy of ``model_dir`` whose ``tokenizer.json`` splits with :data:`BACKTRACKING_SPLIT`
+    (its manifest re-hashed, so it loads as an honest model would)."""
+    import hashlib
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, dst)
+    tokenizer = json.loads((dst / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": BACKTRACKING_SPLIT}
+    data = json.dumps(tokenizer).encode()
+    (dst / "tokenizer.json").write_bytes(data)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["files"]["tokenizer.json"] = hashlib.sha256(data).hexdigest()
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst

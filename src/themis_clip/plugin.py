@@ -351,13 +351,14 @@ class OnnxClipPlugin(ImageAnalysisBackend):
 
         Raises:
             NotReadyError: not initialised. ConfigError: the model has no text tower.
+            TextInputError: the tokenizer failed on a text.
         """
         with self._hold() as model:
             if model.textual is None:
                 raise ConfigError(f"model {model.identity.name} has no text tower")
-            return [
-                list(r) for r in model.textual.tokenizer.encode_batch(list(texts), language).rows
-            ]
+            batch = model.textual.tokenizer.encode_batch(list(texts), language)
+            batch.raise_first()
+            return [list(r) for r in batch.rows]
 
     def embed_pixels(self, pixels: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Embed an already preprocessed batch ``(n, 3, S, S)``: session run + normalisation.
