@@ -161,7 +161,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # is a traceback; here it is one message and exit code 2.
     if index_path:
         VectorIndex(index_path, settings=search_settings).close()
-    plugin = start_plugin(args, config)
     settings = ServerSettings(
         plugin_config=config,
         index_path=index_path,
@@ -185,6 +184,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_labels=args.max_labels,
         warmup=not args.no_warmup,
     )
+    plugin = start_plugin(args, settings.plugin_config)
     # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises
     # the signal; a no-op handler makes that graceful stop end with exit code 0, not -15.
     signal.signal(signal.SIGTERM, lambda *_: None)
