@@ -41,14 +41,14 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from themis_clip.errors import ConfigError
-from themis_clip.files import open_regular
+from themis_clip.files import file_lock, open_regular
 
 __all__ = [
     "KEY_PREFIX",
@@ -183,18 +183,9 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
             os.close(dir_fd)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> contextlib.AbstractContextManager[None]:
     """Serialise writers of one keys file (two ``keys create`` at once both land)."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return file_lock(path.with_name(path.name + ".lock"))
 
 
 def _dump(records: Iterable[KeyRecord]) -> dict[str, Any]:
