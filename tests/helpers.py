@@ -208,3 +208,81 @@ def new_key(keys: Path, scope: str, name: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]
+
+
+#: a text that drives :data:`BACKTRACKING_SPLIT` into onig's retry limit (a Rust panic)
+HOSTILE_TEXT = "a" * 40 + "!"
+#: a pre-tokenizer pattern that matches plain text at once and backtracks catastrophically
+#: on :data:`HOSTILE_TEXT`
+BACKTRACKING_SPLIT = r"(\w+\s?)+$"
+
+
+def hostile_tokenizer_model(model_dir: Path, dst: Path) -> Path:
+    """A copy of ``model_dir`` whose ``tokenizer.json`` splits with :data:`BACKTRACKING_SPLIT`
+    (its manifest re-hashed, so it loads as an honest model would)."""
+    import hashlib
+    import json
+    import shutil
+
+    shutil.copytree(model_dir, dst)
+    tokenizer = json.loads((dst / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": BACKTRACKING_SPLIT}
+    data = json.dumps(tokenizer).encode()
+    (dst / "tokenizer.json").write_bytes(data)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["files"]["tokenizer.json"] = hashlib.sha256(data).hexdigest()
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def endless_model(model_dir: Path, dst: Path, *, trips: int = 2**62) -> Path:
+    """A copy of ``model_dir`` whose image tower ends in a ``Loop`` of ``trips`` iterations
+    (the default never finishes); its manifest re-hashed, so it loads and serves."""
+    import hashlib
+    import json
+    import shutil
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    shutil.copytree(model_dir, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    dim, size = manifest["embedding_dim"], manifest["visual"]["image_size"]
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Identity", ["x_in"], ["x_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("x_out", TensorProto.FLOAT, None),
+        ],
+    )
+    weights = np.random.default_rng(0).standard_normal((3, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["pixel_values"], ["mean"], axes=[2, 3], keepdims=0),
+            helper.make_node("MatMul", ["mean", "w"], ["embeds"]),
+            helper.make_node("Loop", ["trips", "cond", "embeds"], ["image_embeds"], body=body),
+        ],
+        "endless",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["N", 3, size, size])],
+        [helper.make_tensor_value_info("image_embeds", TensorProto.FLOAT, ["N", dim])],
+        [
+            numpy_helper.from_array(weights, "w"),
+            numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+            numpy_helper.from_array(np.array(True), "cond"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    (dst / "visual.onnx").write_bytes(data)
+    manifest["files"]["visual.onnx"] = hashlib.sha256(data).hexdigest()
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst

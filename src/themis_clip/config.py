@@ -135,14 +135,25 @@ class SessionConfig:
         allow_spinning: whether idle intra-op threads spin waiting for work. None: ONNX
             Runtime's default (spin). Spinning makes a lone session faster but burns the cores
             that image-decoding threads need.
+        run_timeout_s: the longest one session run may take (validation and warm-up runs
+            too); a run past it is stopped and its items fail, so that a model that never
+            finishes cannot hold a core. None: no limit (the server uses its request timeout).
     """
 
     optimization_level: OptimizationLevel = OptimizationLevel.ALL
     optimized_model_cache_dir: str | None = None
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
+    run_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.run_timeout_s is not None and not (
+            math.isfinite(self.run_timeout_s) and self.run_timeout_s > 0
+        ):
+            raise ConfigError(
+                f"must be a finite number > 0, got {self.run_timeout_s!r}",
+                key="session.run_timeout_s",
+            )
         level = member_of(OptimizationLevel, self.optimization_level)
         if level is None:
             raise ConfigError(
@@ -386,6 +397,9 @@ class PluginConfig:
             optimized_model_cache_dir=ses_r.path("optimized_model_cache_dir"),
             cpu_mem_arena=ses_r.get("cpu_mem_arena", bool, True),
             allow_spinning=ses_r.get("allow_spinning", bool),
+            run_timeout_s=(
+                None if ses_r.raw("run_timeout_s") is None else ses_r.number("run_timeout_s", 0)
+            ),
         )
         ses_r.finish()
         search_r = r.section("search")

@@ -360,15 +360,21 @@ class ClipModel:
         """Stop serving: wait up to ``timeout_s`` for in-flight requests, then release sessions.
 
         Returns:
-            True if drained in time and closed now; False if requests were still running,
-            in which case the last of them closes the model when it finishes.
+            True if drained in time and closed now; False if requests were still running: their
+            session runs are stopped then (a model that never finishes cannot hold a reload or
+            a shutdown), and the last of them closes the model as it returns.
         """
         with self._cond:
             self._retired = True
             drained = self._cond.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
             if drained:
                 self._close_locked()
-            return drained
+                return True
+        reason = f"the model was retired with runs in flight after {timeout_s:g} s"
+        self.visual.session.stop_runs(reason)
+        if self._textual is not None:
+            self._textual.session.stop_runs(reason)
+        return False
 
     def _close_locked(self) -> None:
         if self._closed:

@@ -1,4 +1,5 @@
-"""Files as every layer walks and hashes them: one folder walker, one SHA-256 (a leaf module)."""
+"""Files as every layer walks, hashes and locks them: one folder walker, one SHA-256, one
+inter-process file lock (``filelock``; a leaf module)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import hashlib
 import os
 import stat
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,6 +18,7 @@ __all__ = [
     "JUNK",
     "RAW_SUFFIXES",
     "NotARegularFileError",
+    "file_lock",
     "open_regular",
     "pair_companions",
     "sha256_of",
@@ -191,6 +194,23 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+@contextmanager
+def file_lock(path: Path, *, timeout_s: float = -1) -> Iterator[None]:
+    """Hold the inter-process lock ``path`` (created, with its folder) for the block.
+
+    Args:
+        timeout_s: how long to wait for another holder; -1 waits for ever, 0 not at all.
+
+    Raises:
+        TimeoutError: another process (or thread) still held it after ``timeout_s``.
+    """
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path, timeout=timeout_s):
+        yield
 
 
 def _kind(mode: int) -> str:

@@ -80,6 +80,7 @@ def load_model(
         optimized_cache_dir=config.session.optimized_model_cache_dir,
         cpu_mem_arena=config.session.cpu_mem_arena,
         allow_spinning=config.session.allow_spinning,
+        run_timeout_s=config.session.run_timeout_s,
     )
     plans = plan_providers(
         backend,

@@ -272,19 +272,28 @@ def embed_texts(
     if not valid_idx:
         return
     batch = tokenizer.encode_batch([items[i] for i in valid_idx], language)
-    embeddings, valid = model.embed_token_rows(batch.rows)
+    encoded: list[int] = []  # positions in valid_idx the tokenizer could encode
+    for k, i in enumerate(valid_idx):
+        if (error := batch.error(k)) is not None:
+            results[i] = EmbeddingResult.failure(error)
+        else:
+            encoded.append(k)
+    if not encoded:
+        return
+    rows = batch.rows if len(encoded) == len(valid_idx) else [batch.rows[k] for k in encoded]
+    embeddings, valid = model.embed_token_rows(rows)
     step = model.textual.fixed_batch or model.textual.batch_limit
-    for start in range(0, len(valid_idx), step):
-        stats.record_batch(min(step, len(valid_idx) - start))
+    for start in range(0, len(encoded), step):
+        stats.record_batch(min(step, len(encoded) - start))
     latency = elapsed_ms(t0)
-    for row, i in enumerate(valid_idx):
-        results[i] = result_of(
+    for row, k in enumerate(encoded):
+        results[valid_idx[k]] = result_of(
             embeddings[row],
             bool(valid[row]),
             latency,
             model,
-            truncated=batch.truncated[row],
-            tokens=len(batch.rows[row]),
+            truncated=batch.truncated[k],
+            tokens=len(batch.rows[k]),
         )
 
 

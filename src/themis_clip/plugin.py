@@ -160,14 +160,17 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             self.last_error = None
             return True
 
-    def shutdown(self) -> None:
-        """Release sessions (after in-flight requests, bounded by drain_timeout_s); reset stats."""
+    def shutdown(self, drain_timeout_s: float | None = None) -> None:
+        """Release sessions after in-flight requests, waiting at most ``drain_timeout_s``
+        (None: the config's ``drain_timeout_s``), then stopping the runs still going; reset
+        stats."""
         with self._admin_lock:
             with self._model_lock:
                 model, self._model = self._model, None
             if model is not None:
-                timeout = self._config.drain_timeout_s if self._config else 30.0
-                model.retire(timeout)
+                if drain_timeout_s is None:
+                    drain_timeout_s = self._config.drain_timeout_s if self._config else 30.0
+                model.retire(drain_timeout_s)
             self._pool.shutdown()
             self._stats.reset()
             self._swap.reset()
@@ -351,13 +354,14 @@ class OnnxClipPlugin(ImageAnalysisBackend):
 
         Raises:
             NotReadyError: not initialised. ConfigError: the model has no text tower.
+            TextInputError: the tokenizer failed on a text.
         """
         with self._hold() as model:
             if model.textual is None:
                 raise ConfigError(f"model {model.identity.name} has no text tower")
-            return [
-                list(r) for r in model.textual.tokenizer.encode_batch(list(texts), language).rows
-            ]
+            batch = model.textual.tokenizer.encode_batch(list(texts), language)
+            batch.raise_first()
+            return [list(r) for r in batch.rows]
 
     def embed_pixels(self, pixels: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """Embed an already preprocessed batch ``(n, 3, S, S)``: session run + normalisation.

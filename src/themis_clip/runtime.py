@@ -7,6 +7,11 @@ silently drops a GPU provider that fails to initialise, and we never let that be
 CPU fallback for an explicitly requested GPU backend. ``AUTO`` walks its plans in the seed's
 order (CUDA → TensorRT → DirectML → CPU) and keeps the first that really holds.
 
+Every session run carries its own ``onnxruntime.RunOptions``: a run past the session's
+``run_timeout_s`` is stopped by ONNX Runtime's ``terminate`` flag (one watchdog thread for the
+process), and so are the runs in flight when a session is closed, so that a model that never
+finishes cannot hold a core, a reload or a shutdown for ever.
+
 ONNX Runtime's model tools (fp16 conversion, int8 quantisation) are the exporter's business and
 live in :mod:`themis_clip.export.precision`, outside the core.
 """
@@ -14,12 +19,15 @@ live in :mod:`themis_clip.export.precision`, outside the core.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import logging
 import os
 import platform
 import shutil
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -124,6 +132,7 @@ class SessionSettings:
     optimized_cache_dir: str | None = None
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
+    run_timeout_s: float | None = None
 
 
 def available_providers() -> list[str]:
@@ -240,12 +249,70 @@ class TensorInfo:
         return dim if isinstance(dim, int) and dim > 0 else None
 
 
+class _Run:
+    """One run's ``RunOptions`` and, once it was stopped, why."""
+
+    __slots__ = ("options", "stopped")
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+        self.stopped: str | None = None
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+        self.options.terminate = True
+
+
+class _Watchdog:
+    """One daemon thread that stops runs at their deadlines (started on first use)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._live: dict[int, tuple[_Run, str]] = {}
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, run: _Run, limit_s: float) -> int:
+        token = next(self._tokens)
+        with self._cond:
+            self._live[token] = (run, f"it ran longer than {limit_s:g} s (run_timeout_s)")
+            heapq.heappush(self._heap, (time.monotonic() + limit_s, token))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="themis-run-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return token
+
+    def done(self, token: int) -> None:
+        with self._cond:
+            self._live.pop(token, None)
+
+    def _loop(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    entry = self._live.pop(heapq.heappop(self._heap)[1], None)
+                    if entry is not None:
+                        entry[0].stop(entry[1])
+                self._cond.wait(self._heap[0][0] - now if self._heap else None)
+
+
+_WATCHDOG = _Watchdog()
+
+
 @dataclass
 class ORTSession:
     """An ``onnxruntime.InferenceSession`` with typed I/O and translated errors.
 
     ``run`` is thread-safe: ONNX Runtime allows concurrent ``run`` on CPU/CUDA sessions, and
-    sessions that do not (DirectML) carry a lock.
+    sessions that do not (DirectML) carry a lock. A run longer than ``run_timeout_s`` (None:
+    no limit) is stopped and raises :class:`InferenceError`; :meth:`stop_runs` and
+    :meth:`close` stop the runs in flight.
     """
 
     session: Any
@@ -257,26 +324,53 @@ class ORTSession:
     outputs: tuple[TensorInfo, ...]
     providers: tuple[str, ...]
     optimized_cache: str = "off"
+    run_timeout_s: float | None = None
     _lock: threading.Lock | None = None
     _on_close: list[Callable[[], None]] = field(default_factory=list)
+    _runs: set[_Run] = field(default_factory=set)
+    _runs_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(
         self, output_names: Sequence[str] | None, feeds: Mapping[str, npt.NDArray[Any]]
     ) -> list[npt.NDArray[Any]]:
-        """Run the session; ONNX Runtime failures become :class:`InferenceError`."""
+        """Run the session; ONNX Runtime failures become :class:`InferenceError`, and so does
+        a run stopped at ``run_timeout_s`` or by :meth:`stop_runs`."""
+        import onnxruntime as ort
+
         session = self.session
         if session is None:
             raise InferenceError(f"session for {self.name} is closed")
+        run = _Run(ort.RunOptions())
+        with self._runs_lock:
+            self._runs.add(run)
+        token = _WATCHDOG.watch(run, self.run_timeout_s) if self.run_timeout_s else None
         try:
             if self._lock is not None:
                 with self._lock:
-                    return list(session.run(output_names, dict(feeds)))
-            return list(session.run(output_names, dict(feeds)))
+                    return list(session.run(output_names, dict(feeds), run.options))
+            return list(session.run(output_names, dict(feeds), run.options))
         except Exception as exc:  # ORT raises pybind11 types that share no useful base
+            if run.stopped is not None:
+                raise InferenceError(f"{self.name}: run stopped: {run.stopped}") from exc
             raise InferenceError(f"{self.name}: ONNX Runtime failed: {exc}") from exc
+        finally:
+            if token is not None:
+                _WATCHDOG.done(token)
+            with self._runs_lock:
+                self._runs.discard(run)
+
+    def stop_runs(self, reason: str) -> int:
+        """Stop every run in flight (each raises :class:`InferenceError` naming ``reason``);
+        returns how many there were."""
+        with self._runs_lock:
+            runs = list(self._runs)
+        for run in runs:
+            run.stop(reason)
+        return len(runs)
 
     def close(self) -> None:
-        """Drop the session; later ``run`` calls fail cleanly."""
+        """Stop the runs in flight and drop the session; later ``run`` calls fail cleanly."""
+        self.stop_runs("the session was closed")
         self.session = None
         while self._on_close:
             self._on_close.pop()()
@@ -381,6 +475,7 @@ def create_session(
         outputs=outputs,
         providers=used,
         optimized_cache=cache_state,
+        run_timeout_s=settings.run_timeout_s,
         _lock=threading.Lock() if plan.serialize_runs else None,
     )
 

@@ -328,3 +328,34 @@ def test_serve_refuses_a_broken_keys_file(tiny_model_dir: Path, tmp_path: Path) 
     assert done.returncode == 2 and "keys file" in done.stderr, done.stderr
     done = cli(*args, "--keys", str(tmp_path / "absent.json"))
     assert done.returncode == 2 and "does not exist" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("which", ["keys.json", "keys.json.used"])
+def test_a_fifo_in_place_of_the_keys_files_fails_closed_without_blocking(
+    tiny_model_dir: Path, tmp_path: Path, which: str
+) -> None:
+    # A reader of a FIFO waits for a writer; on the event loop that was every request,
+    # /healthz too. The keys file and its last-use sidecar are read as regular files only.
+    keys_file = tmp_path / "keys.json"
+    key = new_key(keys_file, "search", "reader")
+    args = ["--model", str(tiny_model_dir), "--no-warmup", "--keys", str(keys_file)]
+    with ServerProcess(args) as server:
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        os.replace(fifo, tmp_path / which)
+        # The keys file is looked at again within a second of a request, the sidecar at a
+        # key's first use: until then (and after) every request is answered.
+        path = tmp_path / which
+        deadline = time.monotonic() + 15
+        while True:
+            r = httpx.get(f"{server.base}/index/info", headers=bearer(key), timeout=5)
+            assert httpx.get(f"{server.base}/healthz", timeout=5).status_code == 200
+            if which == "keys.json" and r.status_code == 401:
+                break  # an unusable keys file accepts no key
+            if which != "keys.json" and stat.S_ISREG(path.stat().st_mode):
+                assert r.status_code != 401, r.text  # the use was recorded over the FIFO
+                break
+            assert time.monotonic() < deadline, (r.status_code, r.text)
+            time.sleep(0.1)
+        if which == "keys.json":
+            assert any("keys file unusable" in line for line in server.log)

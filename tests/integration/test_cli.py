@@ -180,3 +180,19 @@ def test_index_and_search(
     assert nothing.returncode == 2 and "give a text query, --image FILE, or both" in nothing.stderr
     empty = run("search", "  ", "--index", index, "--model", str(tiny_model_dir))
     assert empty.returncode == 2 and "the text query is empty" in empty.stderr
+
+
+def test_a_second_index_of_the_same_index_says_one_is_running(
+    images: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Two runs at once used to embed every new file twice (or race for a new index's schema).
+    from themis_clip.files import file_lock
+
+    index = str(tmp_path / "idx.db")
+    with file_lock(Path(index + ".lock")):  # what a running `index` holds
+        busy = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
+    assert busy.returncode == 2, busy.stderr
+    assert "another `themis-clip index` is updating" in busy.stderr
+    assert not Path(index).exists()  # it touched nothing
+    done = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
+    assert done.returncode == 0 and "2 added" in done.stdout, done.stderr

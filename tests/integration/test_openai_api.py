@@ -98,3 +98,24 @@ def test_dimensions(client: openai.OpenAI, plugin: OnnxClipPlugin) -> None:
     assert len(r.data[0].embedding) == dim
     with pytest.raises(openai.UnprocessableEntityError, match="cannot be shortened"):
         client.embeddings.create(model=identity.model_id, input="a", dimensions=dim - 1)
+
+
+def test_a_fifo_in_place_of_the_manifest_does_not_block_requests(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Naming a model reads the served model's manifest (the repo it declares) at each request,
+    # on the event loop: a FIFO there used to wait for a writer with every request behind it.
+    import os
+    import shutil
+
+    import httpx
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    with ServerProcess(["--model", str(model), "--no-warmup"]) as s:
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        os.replace(fifo, model / "manifest.json")
+        r = httpx.get(f"{s.base}/v1/models/someone-else", timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert httpx.get(f"{s.base}/healthz", timeout=10).status_code == 200

@@ -22,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from tests.helpers import ServerProcess, photo_like
+from tests.helpers import HOSTILE_TEXT, ServerProcess, hostile_tokenizer_model, photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.index.stores.sqlite import IndexStore
 from themis_clip.runtime import ORTSession, create_session
@@ -343,6 +343,30 @@ def test_queue_full_is_429_and_slow_requests_504(model_root: Path, tmp_path: Pat
 
     asyncio.run(scenario())
     asyncio.run(timeout_scenario())
+
+
+def test_a_tokenizer_panic_fails_only_its_own_text(model_root: Path, tmp_path: Path) -> None:
+    # It was a plain-text 500 that also failed the other clients' texts batched with it.
+    hostile_tokenizer_model(model_root / "a", model_root / "h")
+
+    async def scenario() -> None:
+        config = PluginConfig.from_dict({"model": {"path": str(model_root / "h")}})
+        app = create_app(
+            ServerSettings(plugin_config=config, index_path=str(tmp_path / "i.db"), warmup=False)
+        )
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+        ):
+            posts = [
+                c.post("/embed/text", json={"texts": [text]})
+                for text in ("a red circle", HOSTILE_TEXT, "blue", "green")
+            ]
+            good, bad, *others = await asyncio.gather(*posts)
+            assert good.status_code == 200 and all(r.status_code == 200 for r in others)
+            assert "tokenizer failed" in error(bad, 422, "TextInputError")
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.slow

@@ -452,6 +452,45 @@ def test_where_operators_nested_paths_dates_and_geo(location: str) -> None:
         assert [h.key for h in hits] == ["versailles"]
 
 
+def test_where_dates_before_year_1000_and_before_1970(location: str) -> None:
+    # A bound is compared as an instant on every store: a year under 1000 keeps its four
+    # digits, and a fraction of a second before 1970 counts back from the epoch, not toward it.
+    taken = {
+        "year1": "0001-01-01",
+        "y999": "0999-12-31T23:59:59Z",
+        "before_epoch": "1969-12-31T23:59:59.250Z",
+        "epoch": "1970-01-01T00:00:00Z",
+        "now": "2023-07-14",
+    }
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(
+            [
+                ItemRow(key=k, vector=unit(i), metadata={"taken": t})
+                for i, (k, t) in enumerate(taken.items())
+            ],
+            dim=DIM,
+        )
+
+        def keys(where: dict[str, object]) -> set[str]:
+            ids = index.store.ids_where(parse_where(where))
+            return {item.key for item in index.store.items_by_id(list(ids)).values()}
+
+        assert keys({"taken": {"$gte": "0001-01-01"}}) == set(taken)
+        assert keys({"taken": "0001-01-01T00:00:00Z"}) == {"year1"}
+        assert keys({"taken": {"$lt": "1000-01-01"}}) == {"year1", "y999"}
+        assert keys({"taken": {"$gt": "0500-06-01", "$lt": "1970-01-01"}}) == {
+            "y999",
+            "before_epoch",
+        }
+        assert keys({"taken": {"$gt": "1969-12-31T23:59:59.5Z"}}) == {"epoch", "now"}
+        assert keys({"taken": {"$lte": "1969-12-31T23:59:59.25Z"}}) == {
+            "year1",
+            "y999",
+            "before_epoch",
+        }
+
+
 def test_where_values_and_keys_never_become_sql(location: str) -> None:
     with _where_index(location) as index:
 

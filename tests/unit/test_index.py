@@ -57,6 +57,33 @@ def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
         IndexStore(tmp_path / "i.db")
 
 
+def test_stores_opened_at_once_on_a_new_file_create_its_schema_once(tmp_path: Path) -> None:
+    # The version used to be read outside the write transaction: the second opener then ran
+    # the first migration again ("table meta already exists").
+    def open_store(path: Path, start: threading.Barrier, errors: list[BaseException]) -> None:
+        start.wait()
+        try:
+            IndexStore(path).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    for round_ in range(4):
+        path = tmp_path / f"new{round_}.db"
+        start = threading.Barrier(6)
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=open_store, args=(path, start, errors)) for _ in range(6)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        with IndexStore(path) as store:
+            (version,) = store._db.execute("PRAGMA user_version").fetchone()
+            assert version == SCHEMA_VERSION
+
+
 def test_filters_are_answered_from_the_fields_index(tmp_path: Path) -> None:
     """A filter term is one range of the ``fields`` index, not a scan of every item's JSON
     (issue: 32 missing keys over 2,000 items with ~500 keys each took 6.6 s)."""

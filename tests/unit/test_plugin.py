@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.helpers import SessionRecorder, encode, make_plugin, photo_like
+from tests.helpers import (
+    HOSTILE_TEXT,
+    SessionRecorder,
+    encode,
+    hostile_tokenizer_model,
+    make_plugin,
+    photo_like,
+)
 from themis_clip import (
     BackendType,
     EmbeddingResult,
@@ -19,6 +26,7 @@ from themis_clip import (
     OnnxClipPlugin,
     PluginConfig,
     PluginState,
+    TextInputError,
 )
 
 
@@ -166,6 +174,23 @@ def test_text_embeddings(plugin: OnnxClipPlugin) -> None:
     mixed = plugin.generate_text_embedding_batch(["a", None, "b"])  # type: ignore[list-item]
     assert [m.ok for m in mixed] == [True, False, True]
     assert mixed[1].error_type == "TextInputError"
+
+
+def test_a_tokenizer_panic_is_one_failed_result(tiny_model_dir: Path, tmp_path: Path) -> None:
+    plugin = make_plugin(hostile_tokenizer_model(tiny_model_dir, tmp_path / "m"))
+    try:
+        results = plugin.generate_text_embedding_batch(["a red circle", HOSTILE_TEXT, "blue"])
+        assert [r.ok for r in results] == [True, False, True]
+        assert results[1].error_type == "TextInputError"
+        assert "tokenizer failed" in (results[1].error or "")
+        alone = plugin.generate_text_embedding("a red circle")
+        assert alone.embedding is not None and results[0].embedding is not None
+        assert np.allclose(results[0].embedding, alone.embedding, atol=1e-6)
+        assert not plugin.generate_text_embedding(HOSTILE_TEXT).ok
+        with pytest.raises(TextInputError, match="tokenizer failed"):
+            plugin.tokenize(["fine", HOSTILE_TEXT])
+    finally:
+        plugin.shutdown()
 
 
 def test_image_only_model_refuses_text(tiny_model_dir: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import HOSTILE_TEXT, hostile_tokenizer_model
 from themis_clip.errors import ModelFormatError, TextInputError
 from themis_clip.preprocess.text import CLIPTokenizer
 
@@ -94,3 +95,19 @@ def test_bad_tokenizer_files(tmp_path: Path) -> None:
     Tokenizer(models.BPE()).save(str(tmp_path / "plain.json"))
     with pytest.raises(ModelFormatError, match="lacks the CLIP tokens"):
         CLIPTokenizer(tmp_path / "plain.json")
+
+
+def test_a_tokenizer_panic_fails_only_its_own_text(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # onig's retry limit is a Rust panic, which pyo3 raises as a BaseException: it used to
+    # escape every `except Exception` and fail the whole batch.
+    model = hostile_tokenizer_model(tiny_model_dir, tmp_path / "m")
+    tok = CLIPTokenizer(model / "tokenizer.json")
+    batch = tok.encode_batch(["a red circle", HOSTILE_TEXT, "blue"])
+    assert batch.error(0) is None and batch.error(2) is None
+    assert isinstance(batch.error(1), TextInputError)
+    assert "tokenizer failed" in str(batch.error(1)) and "retry-limit" in str(batch.error(1))
+    assert batch.rows[0] == tok.encode_batch(["a red circle"]).rows[0]
+    assert batch.rows[2] == tok.encode_batch(["blue"]).rows[0]
+    with pytest.raises(TextInputError, match="tokenizer failed"):
+        batch.raise_first()
+    assert tok.encode_batch(["fine"]).errors == []  # nothing to report

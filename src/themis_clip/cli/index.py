@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from themis_clip.cli.common import (
 )
 from themis_clip.collection import SORTS, Collection, Query
 from themis_clip.errors import WhereError
+from themis_clip.files import file_lock
 from themis_clip.index.indexer import IndexReport
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.stores.base import is_url
@@ -109,6 +111,21 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise CLIError(f"not a folder: {folder}")
     args.index = index_location(args)
+    with ExitStack() as held:
+        if not is_url(args.index):
+            # One writer per index file: a second run would embed every new file again beside
+            # the first (and, on a new index, race it for the schema).
+            try:
+                held.enter_context(file_lock(Path(args.index + ".lock"), timeout_s=0))
+            except TimeoutError:
+                raise CLIError(
+                    f"another `themis-clip index` is updating {args.index}; "
+                    "run this one when it ends"
+                ) from None
+        return _index(args, folder)
+
+
+def _index(args: argparse.Namespace, folder: Path) -> int:
     if args.from_parquet:
         return _index_from_parquet(args, folder)
     settings = graph_settings(args)

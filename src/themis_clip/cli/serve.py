@@ -173,7 +173,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 f"{shlex.quote(index_path)}`, or add --new-index to serve it empty"
             )
         VectorIndex(index_path, settings=search_settings).close()
-    plugin = start_plugin(args, config)
     settings = ServerSettings(
         plugin_config=config,
         index_path=index_path,
@@ -197,6 +196,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_labels=args.max_labels,
         warmup=not args.no_warmup,
     )
+    plugin = start_plugin(args, settings.plugin_config)
     # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises
     # the signal; a no-op handler makes that graceful stop end with exit code 0, not -15.
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -11,7 +11,7 @@ only in how a path's value is read, so they agree term by term.
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -176,7 +176,9 @@ class _SQLite(_Compiler):
         return sqlite_instant(self.json_path(path), self.json_path(path), self.json_path(path))
 
     def when(self, instant: datetime) -> str:
-        return f"julianday({self.bind(instant.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3])})"
+        # isoformat keeps the year's four digits (strftime's %Y drops them before year 1000).
+        text = instant.replace(tzinfo=None).isoformat(" ", "milliseconds")
+        return f"julianday({self.bind(text)})"
 
 
 _VALID = "json_valid(metadata)"
@@ -237,12 +239,19 @@ class _Postgres(_Compiler):
         return pg_instant(self.value(path), self.value(path))
 
     def when(self, instant: datetime) -> str:
-        epoch = Decimal(int(instant.timestamp())) + Decimal(instant.microsecond) / 10**6
+        # Exact, and counted from the epoch in whole days, seconds and microseconds: a float
+        # timestamp rounds, and its integer part truncates toward 1970 before it.
+        since = instant - _EPOCH
+        whole = since.days * 86_400 + since.seconds
+        epoch = Decimal(whole) + Decimal(since.microseconds) / 10**6
         return f"{self.bind(epoch)}::numeric"
 
     def bind(self, value: Any) -> str:
         mark = super().bind(value)
         return f"{mark}::float8" if isinstance(value, float) else mark
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def pg_instant(v1: str, v2: str) -> str:

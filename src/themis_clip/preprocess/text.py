@@ -8,6 +8,11 @@ often with the EOT id). Text is cleaned exactly as OpenAI's ``simple_tokenizer.p
 the ``regex`` module's ``\s+`` collapsed to one space; then lower-cased), so token ids equal
 OpenAI's for any string. Over-long text is truncated so that EOT stays last, and
 :class:`TokenBatch` reports which inputs were cut.
+
+A text the tokenizer fails on (a ``tokenizer.json`` regex that exhausts onig's retry limit
+panics in Rust, which pyo3 raises as a ``BaseException``) fails alone, as a
+:class:`~themis_clip.errors.TextInputError` in :attr:`TokenBatch.errors`: the other texts of
+its batch, other callers' among them, are still encoded.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import html
 import re
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +56,26 @@ class TokenBatch:
     """Token ids of a batch, unpadded.
 
     Attributes:
-        rows: per input, ``[SOT, ..., EOT]``, each at most ``context_length`` long.
+        rows: per input, ``[SOT, ..., EOT]``, each at most ``context_length`` long (empty where
+            the input failed).
         truncated: per input, True when text was cut to fit the context.
+        errors: per input, why the tokenizer could not encode it (None: encoded); empty when
+            every input was encoded.
     """
 
     rows: list[list[int]]
     truncated: list[bool]
+    errors: list[TextInputError | None] = field(default_factory=list)
+
+    def error(self, i: int) -> TextInputError | None:
+        """Why input ``i`` could not be encoded (None: it was)."""
+        return self.errors[i] if self.errors else None
+
+    def raise_first(self) -> None:
+        """Raise the first input's error, if any failed (callers that need every row)."""
+        for error in self.errors:
+            if error is not None:
+                raise error
 
 
 class CLIPTokenizer:
@@ -111,16 +130,22 @@ class CLIPTokenizer:
             cut.append(len(c) > self._char_limit)
             cleaned.append(c[: self._char_limit])
         body_max = self.context_length - 2
-        encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=False)
+        encodings = _encode_batch(self._tokenizer, cleaned, add_special_tokens=False)
         rows: list[list[int]] = []
         truncated: list[bool] = []
         for i, enc in enumerate(encodings):
-            ids = enc.ids
-            if cut[i] and len(ids) <= body_max:  # pathological: re-tokenise the whole text
-                ids = self._tokenizer.encode(_clean(texts[i]), add_special_tokens=False).ids
-            truncated.append(len(ids) > body_max)
-            rows.append([self.sot_id, *ids[:body_max], self.eot_id])
-        return TokenBatch(rows=rows, truncated=truncated)
+            if cut[i] and isinstance(enc, _Encoded) and len(enc.ids) <= body_max:
+                # pathological: re-tokenise the whole text
+                enc = _encode_batch(self._tokenizer, [_clean(texts[i])], add_special_tokens=False)[
+                    0
+                ]
+            if not isinstance(enc, _Encoded):
+                rows.append([])
+                truncated.append(False)
+                continue
+            truncated.append(len(enc.ids) > body_max)
+            rows.append([self.sot_id, *enc.ids[:body_max], self.eot_id])
+        return TokenBatch(rows=rows, truncated=truncated, errors=_errors(encodings))
 
     def pad(
         self, rows: Sequence[Sequence[int]], length: int, dtype: np.dtype[Any]
@@ -146,8 +171,15 @@ class HFTokenizer:
         self, path: Path, spec: TextSpec, *, context_length: int, pad_id: int | None = None
     ) -> None:
         self._tokenizer = _load(path, context_length, minimum=2)
-        plain = self._tokenizer.encode("a b", add_special_tokens=False).ids
-        special = self._tokenizer.encode("a b", add_special_tokens=True).ids
+
+        def encode(text: str, add_special_tokens: bool) -> list[int]:
+            e = _encode_one(self._tokenizer, text, add_special_tokens=add_special_tokens)
+            if isinstance(e, TextInputError):
+                raise ModelFormatError(f"{path} cannot encode plain text: {e}")
+            return e.ids
+
+        plain, special = encode("a b", False), encode("a b", True)
+        self._probe = encode("a", True)
         if plain == special:
             raise ModelFormatError(
                 f"{path} adds no special tokens, but the model declares that its tokenizer does "
@@ -165,7 +197,7 @@ class HFTokenizer:
 
     def probe_row(self) -> list[int]:
         """A short valid sequence (warmup and validation runs)."""
-        return list(self._tokenizer.encode("a", add_special_tokens=True).ids)
+        return list(self._probe)
 
     def prefix_for(self, language: str | None) -> str:
         """The text glued in front of every input (a Flores-200 code), or ``""``."""
@@ -196,18 +228,65 @@ class HFTokenizer:
             cleaned.append(prefix + self._clean(text)[: self._char_limit])
         self._tokenizer.enable_truncation(self.context_length)
         try:
-            encodings = self._tokenizer.encode_batch(cleaned, add_special_tokens=True)
+            encodings = _encode_batch(self._tokenizer, cleaned, add_special_tokens=True)
         finally:
             self._tokenizer.no_truncation()
-        rows = [list(e.ids) for e in encodings]
-        truncated = [bool(e.overflowing) for e in encodings]
-        return TokenBatch(rows=rows, truncated=truncated)
+        rows = [list(e.ids) if isinstance(e, _Encoded) else [] for e in encodings]
+        truncated = [isinstance(e, _Encoded) and bool(e.overflowing) for e in encodings]
+        return TokenBatch(rows=rows, truncated=truncated, errors=_errors(encodings))
 
     def pad(
         self, rows: Sequence[Sequence[int]], length: int, dtype: np.dtype[Any]
     ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
         """Pad ``rows`` to ``length``; return ``(ids, attention_mask)`` of shape ``(n, length)``."""
         return pad_rows(rows, length, self.pad_id, dtype)
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """What this module reads of a ``tokenizers.Encoding``."""
+
+    ids: list[int]
+    overflowing: bool
+
+
+def _failed(exc: BaseException) -> bool:
+    """An error of the tokenizer itself: a Python exception, or a panic in its Rust code
+    (pyo3's ``PanicException`` derives from ``BaseException``, so that plain ``except
+    Exception`` misses it)."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
+def _encode_batch(
+    tokenizer: Any, texts: list[str], *, add_special_tokens: bool
+) -> list[_Encoded | TextInputError]:
+    """Each text's encoding, or why the tokenizer failed on that text alone."""
+    try:
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+    except BaseException as exc:
+        if not _failed(exc):
+            raise
+        return [_encode_one(tokenizer, t, add_special_tokens=add_special_tokens) for t in texts]
+    return [_Encoded(list(e.ids), bool(e.overflowing)) for e in encodings]
+
+
+def _encode_one(
+    tokenizer: Any, text: str, *, add_special_tokens: bool
+) -> _Encoded | TextInputError:
+    try:
+        e = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    except BaseException as exc:
+        if not _failed(exc):
+            raise
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        return TextInputError(f"the model's tokenizer failed on this text ({reason})")
+    return _Encoded(list(e.ids), bool(e.overflowing))
+
+
+def _errors(encodings: list[_Encoded | TextInputError]) -> list[TextInputError | None]:
+    if all(isinstance(e, _Encoded) for e in encodings):
+        return []
+    return [e if isinstance(e, TextInputError) else None for e in encodings]
 
 
 def _load(path: Path, context_length: int, *, minimum: int) -> Any:
@@ -218,7 +297,9 @@ def _load(path: Path, context_length: int, *, minimum: int) -> Any:
         raise ModelFormatError(f"context_length must be >= {minimum}, got {context_length}")
     try:
         tokenizer = Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises a bare Exception subclass
+    except BaseException as exc:  # tokenizers raises a bare Exception subclass, or panics
+        if not _failed(exc):
+            raise
         raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
     tokenizer.no_padding()
     tokenizer.no_truncation()

@@ -16,6 +16,7 @@ which keeps its ``THEMIS_ADMIN_TOKEN`` rules (401 without a token, 403 with a wr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any
 
@@ -151,6 +152,8 @@ class Authenticate:
                 "this endpoint needs 'Authorization: Bearer <key>' (themis-clip keys create)",
                 has_body,
             )
+        elif self.keys.needs_io(key):  # reading the keys file may be slow: off the loop
+            principal = await asyncio.to_thread(self.keys.authenticate, key)
         else:
             principal = self.keys.authenticate(key)
             if principal is None and self.keys.enabled:

@@ -104,11 +104,13 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         finally:
             state.ready = False
             lag.cancel()
+            # The server has answered or dropped every request by now: nothing waits for the
+            # runs still going (a warm-up, an abandoned batch), so they are stopped, not drained.
+            await asyncio.to_thread(p.shutdown, 0.0)
             if warm is not None and not warm.done():
                 await asyncio.gather(warm, return_exceptions=True)
             await state.image_batcher.close()
             await state.text_batcher.close()
-            await asyncio.to_thread(p.shutdown)
             if state.index is not None:
                 state.index.close()
 

@@ -15,7 +15,9 @@ and a uniformly random 256-bit key has no dictionary; recovering it from its dig
 inverting SHA-256. A fast digest also keeps a per-request check at microseconds, where a KDF
 tuned to 100 ms would make every request (and every wrong key an attacker sends) a CPU
 burner. When each key was last used goes to a sidecar, ``FILE.used`` (digest -> time, written
-at most once a minute per key), so that the server never rewrites the keys file itself.
+at most once a minute per key), so that the server never rewrites the keys file itself. Both
+files are read as regular files only (a FIFO put in their place would wait for a writer) and at
+most :data:`MAX_KEYS_FILE_BYTES`; a file that is neither fails closed.
 
 The edge (:class:`Authenticate`, pure ASGI, outside the request guard) decides before a byte
 of the body is read: 401 (``WWW-Authenticate: Bearer``) without a key or with a wrong one,
@@ -37,17 +39,20 @@ import logging
 import os
 import secrets
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from themis_clip.errors import ConfigError
+from themis_clip.files import file_lock, open_regular
 
 __all__ = [
     "KEY_PREFIX",
+    "MAX_KEYS_FILE_BYTES",
     "KeyRecord",
     "KeyStore",
     "Principal",
@@ -63,6 +68,7 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "tck_"  # recognisable by secret scanners; the random part is 256 bits
 _VERSION = 1
 _USED_EVERY_S = 60.0
+MAX_KEYS_FILE_BYTES = 4 << 20  # some 20,000 keys; more is not a keys file
 
 
 class Scope(enum.StrEnum):
@@ -114,9 +120,23 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _read_json(path: Path) -> Any:
+    """The JSON in a regular file of at most :data:`MAX_KEYS_FILE_BYTES`.
+
+    Raises:
+        OSError: missing, unreadable, or not a regular file (never waits on a FIFO).
+        ValueError: too large, not UTF-8 or not JSON.
+    """
+    with open_regular(path) as f:
+        data = f.read(MAX_KEYS_FILE_BYTES + 1)
+    if len(data) > MAX_KEYS_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_KEYS_FILE_BYTES} bytes")
+    return json.loads(data.decode("utf-8"))
+
+
 def _read(path: Path) -> list[KeyRecord]:
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = _read_json(path)
     except FileNotFoundError:
         raise ConfigError(f"keys file {path} does not exist (themis-clip keys create)") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -163,18 +183,9 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
             os.close(dir_fd)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path) -> contextlib.AbstractContextManager[None]:
     """Serialise writers of one keys file (two ``keys create`` at once both land)."""
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return file_lock(path.with_name(path.name + ".lock"))
 
 
 def _dump(records: Iterable[KeyRecord]) -> dict[str, Any]:
@@ -228,7 +239,7 @@ def list_keys(path: Path) -> list[KeyRecord]:
     """The keys in the file, each with when a server last saw it used (None: never)."""
     used: dict[str, str] = {}
     with contextlib.suppress(OSError, ValueError):
-        loaded = json.loads(_used_path(path).read_text(encoding="utf-8"))
+        loaded = _read_json(_used_path(path))
         if isinstance(loaded, dict):
             used = {str(k): str(v) for k, v in loaded.items()}
     return [
@@ -250,6 +261,10 @@ class KeyStore:
     ``check_every_s``; a changed file is re-read, so a revoked key stops working within about
     that long. A file that becomes unreadable or invalid fails closed: no key is accepted
     until it is fixed (and the problem is logged once).
+
+    :meth:`authenticate` touches the disk only when :meth:`needs_io` says so (a due re-read,
+    a key's first use in a minute): an event loop calls it in a worker thread then, and
+    in place otherwise. It is safe to call from several threads at once.
     """
 
     def __init__(
@@ -267,6 +282,7 @@ class KeyStore:
         self._signature: tuple[int, int, int] | None = None
         self._checked = -float("inf")
         self._used: dict[str, float] = {}
+        self._lock = threading.Lock()
         if self.path is not None:
             self._load(initial=True)
 
@@ -300,16 +316,28 @@ class KeyStore:
             log.info("keys file %s re-read: %d keys", self.path, len(records))
         self._signature = signature
 
+    def needs_io(self, key: str) -> bool:
+        """Whether :meth:`authenticate` of ``key`` would read or write a file now."""
+        if self.path is None:
+            return False
+        now = self.clock()
+        if now - self._checked >= self.check_every_s:
+            return True
+        sha = digest(key)
+        return sha in self._by_digest and now - self._used.get(sha, -float("inf")) >= _USED_EVERY_S
+
     def refresh(self) -> None:
         """Re-read the file if it changed (at most every ``check_every_s``)."""
-        if self.path is None:
+        # Checked before the lock too: a caller on the event loop never waits for a reader.
+        if self.path is None or self.clock() - self._checked < self.check_every_s:
             return
-        now = self.clock()
-        if now - self._checked < self.check_every_s:
-            return
-        self._checked = now
-        if self._stat() != self._signature:
-            self._load()
+        with self._lock:
+            now = self.clock()
+            if now - self._checked < self.check_every_s:
+                return
+            self._checked = now
+            if self._stat() != self._signature:
+                self._load()
 
     def authenticate(self, key: str) -> Principal | None:
         """The principal a bearer key belongs to, or None (unknown, revoked, malformed)."""
@@ -329,15 +357,21 @@ class KeyStore:
         return Principal(name=record.name, scopes=record.scopes)
 
     def _note_use(self, sha: str) -> None:
-        now = self.clock()
-        if now - self._used.get(sha, -float("inf")) < _USED_EVERY_S:
+        if self.clock() - self._used.get(sha, -float("inf")) < _USED_EVERY_S:
             return
-        self._used[sha] = now
+        with self._lock:
+            now = self.clock()
+            if now - self._used.get(sha, -float("inf")) < _USED_EVERY_S:
+                return
+            self._used[sha] = now
+            self._write_use(sha)
+
+    def _write_use(self, sha: str) -> None:
         assert self.path is not None
         side = _used_path(self.path)
         try:
             try:
-                used = json.loads(side.read_text(encoding="utf-8"))
+                used = _read_json(side)
                 used = used if isinstance(used, dict) else {}
             except (OSError, ValueError):
                 used = {}

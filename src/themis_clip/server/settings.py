@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from themis_clip.config import PluginConfig, SearchConfig
 
@@ -38,7 +38,8 @@ class ServerSettings:
             gets 413; the default holds the largest request twice: 2,048 texts).
         max_queue_delay_ms: how long a request waits for its batch to fill.
         request_timeout_s: per-request limit, reading the body included (504 beyond it; its
-            queued work is dropped).
+            queued work is dropped); also the model's ``session.run_timeout_s`` unless the
+            config sets one, so that a session run cannot outlive its requests.
         body_idle_timeout_s: longest silence while a request body arrives (408 beyond it).
         header_timeout_s: time a connection has to send complete request headers, the first
             request's and each keep-alive request's (closed beyond it).
@@ -70,3 +71,9 @@ class ServerSettings:
     max_connections: int = 1000
     max_labels: int = 1024
     warmup: bool = True
+
+    def __post_init__(self) -> None:
+        config = self.plugin_config
+        if config.session.run_timeout_s is None:  # no session run outlives its requests
+            session = replace(config.session, run_timeout_s=self.request_timeout_s)
+            object.__setattr__(self, "plugin_config", replace(config, session=session))

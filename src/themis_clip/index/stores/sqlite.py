@@ -145,13 +145,16 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
 
     # -- schema --------------------------------------------------------------------------------
 
-    def _migrate(self) -> None:
-        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+    def _check_version(self, version: int) -> None:
         if version > SCHEMA_VERSION:
             raise SearchIndexError(
                 f"index {self.path} has schema version {version}, newer than this themis-clip "
                 f"supports ({SCHEMA_VERSION}); upgrade themis-onnx-clip"
             )
+
+    def _migrate(self) -> None:
+        (version,) = self._db.execute("PRAGMA user_version").fetchone()
+        self._check_version(version)
         if version == SCHEMA_VERSION:
             return
         if self.readonly:
@@ -169,8 +172,12 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
             )
             IndexStore(self.path).close()
             return
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with self.transaction() as db:
+        # One write transaction, the version read again inside it: another process that
+        # opened the same new file at once has either migrated it already or waits for this.
+        with self.transaction() as db:
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            self._check_version(version)
+            for target in range(version + 1, SCHEMA_VERSION + 1):
                 for step in MIGRATIONS[target]:
                     if callable(step):
                         step(db)

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from themis_clip import jsonio
+from themis_clip.files import open_regular
 from themis_clip.interface import EmbeddingResult
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
@@ -22,14 +23,16 @@ from themis_clip.server.state import AppState, StateDep
 router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
 
 MAX_INPUTS = 2048
+_MAX_MANIFEST_BYTES = 1 << 20
 
 
 def _declared_repo(manifest: Path | None) -> str | None:
     """The ``repo`` a model's manifest declares (its hub repo id), if any."""
     if manifest is None:
         return None
-    try:
-        data = jsonio.loads(manifest.read_bytes())
+    try:  # read on the event loop at each request: a regular file only, bounded
+        with open_regular(manifest) as f:
+            data = jsonio.loads(f.read(_MAX_MANIFEST_BYTES))
     except (OSError, ValueError):
         return None
     repo = data.get("repo") if isinstance(data, dict) else None
