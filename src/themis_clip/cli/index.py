@@ -111,12 +111,21 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise CLIError(f"not a folder: {folder}")
     args.index = index_location(args)
+    lock = Path(args.index + ".lock")
+    try:
+        return _locked_index(args, folder, lock)
+    finally:
+        if not is_url(args.index) and not Path(args.index).exists():
+            lock.unlink(missing_ok=True)  # no index was left: no lock file beside nothing
+
+
+def _locked_index(args: argparse.Namespace, folder: Path, lock: Path) -> int:
     with ExitStack() as held:
         if not is_url(args.index):
             # One writer per index file: a second run would embed every new file again beside
             # the first (and, on a new index, race it for the schema).
             try:
-                held.enter_context(file_lock(Path(args.index + ".lock"), timeout_s=0))
+                held.enter_context(file_lock(lock, timeout_s=0))
             except TimeoutError:
                 raise CLIError(
                     f"another `themis-clip index` is updating {args.index}; "
