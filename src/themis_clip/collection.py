@@ -47,7 +47,7 @@ from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["METADATA_VERSION", "SORTS", "Collection", "Matches", "Query"]
+__all__ = ["METADATA_VERSION", "SORTS", "Collection", "Matches", "Query", "browse", "sort_hits"]
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,17 @@ class Collection:
         kept = hits[: result.kept]
         return Matches(hits=sort_hits(kept, sort), weaker=len(hits) - len(kept), cut=result)
 
+    def browse(
+        self,
+        *,
+        k: int = 100,
+        filters: dict[str, Any] | None = None,
+        where: Where | None = None,
+        sort: str = "-taken",
+    ) -> Matches:
+        """:func:`browse` of this collection's index (no model needed)."""
+        return browse(self.index, k=k, filters=filters, where=where, sort=sort)
+
     def line(self) -> WeakLine | None:
         """Where matches end for this model on this index (random texts' 99th percentile),
         measured once per model and index version; None for an empty or very large index."""
@@ -340,6 +351,29 @@ class Collection:
         if "/" in value or "\\" in value or Path(value).suffix.lower() in IMAGE_SUFFIXES:
             raise InputError(f"no image file {value} (an added or subtracted text has no path)")
         return cls._embed(plugin, value, None)
+
+
+def browse(
+    index: VectorIndex,
+    *,
+    k: int = 100,
+    filters: dict[str, Any] | None = None,
+    where: Where | None = None,
+    sort: str = "-taken",
+) -> Matches:
+    """The items of ``index`` that match ``filters`` and ``where`` (no query), in ``sort``
+    order: ``-taken`` (newest first, the default; ``score`` means the same), ``taken`` (oldest
+    first), ``mtime`` (newest file first) or ``name``."""
+    page = search_page(
+        index,
+        mode=QueryMode.BROWSE,
+        k=k,
+        identity={},
+        filters=filters,
+        where=where,
+        order="-taken" if sort == "score" else sort,
+    )
+    return Matches(hits=page.hits)
 
 
 def sort_hits(hits: list[Hit], sort: str) -> list[Hit]:

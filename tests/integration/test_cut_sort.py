@@ -102,3 +102,76 @@ def test_the_cli_says_where_it_cut(gallery: tuple[Path, dict[str, object]], tmp_
         [EXE, "search", "x", "--index", index, "--cut", "often"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "auto, none or a score" in bad.stderr
+
+
+def test_a_filter_with_no_query_in_date_order_pages_stably(
+    gallery: tuple[Path, dict[str, object]], location: str, tmp_path: Path
+) -> None:
+    from themis_clip.collection import browse
+    from themis_clip.index.query import QueryMode, search_page
+    from themis_clip.index.search import VectorIndex
+    from themis_clip.index.where import parse_where
+
+    root, _ = gallery
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(location, config) as photos:
+        photos.index_folder(root / "g")
+    january = parse_where({"taken": {"$lt": "2024-01-15"}})
+    with VectorIndex(location) as index:
+        oldest = browse(index, k=200, where=january, sort="taken")
+        taken = [str((h.metadata or {})["taken"]) for h in oldest]
+        assert taken == sorted(taken) and all(t < "2024-01-15" for t in taken) and taken
+        newest = browse(index, k=200, where=january)
+        assert [h.key for h in newest] == [h.key for h in reversed(oldest.hits)]
+        names = [Path(h.path or "").name for h in browse(index, k=200, where=january, sort="name")]
+        assert names == sorted(names)
+        pages, cursor = [], None  # pages of 7 in oldest-first order equal the whole list
+        while True:
+            page = search_page(
+                index,
+                mode=QueryMode.BROWSE,
+                k=7,
+                identity={},
+                where=january,
+                order="taken",
+                cursor=cursor,
+            )
+            pages += [h.key for h in page.hits]
+            cursor = page.next
+            if cursor is None:
+                break
+        assert pages == [h.key for h in oldest]
+        with pytest.raises(InputError, match="cursor"):  # a cursor of another order is refused
+            search_page(
+                index,
+                mode=QueryMode.BROWSE,
+                k=7,
+                identity={},
+                where=january,
+                order="name",
+                cursor=search_page(
+                    index, mode=QueryMode.BROWSE, k=7, identity={}, where=january, order="taken"
+                ).next,
+            )
+    out = subprocess.run(
+        [
+            EXE,
+            "search",
+            "--index",
+            location,
+            "--where",
+            '{"taken": {"$lt": "2024-01-03"}}',
+            "--sort",
+            "taken",
+            "--json",
+            "-k",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    import json
+
+    got = [h["metadata"]["taken"] for h in json.loads(out.stdout)]
+    assert got == sorted(got) and got

@@ -215,6 +215,8 @@ def test_browse_opens_newest_first(client: httpx.Client) -> None:
     undated = sorted((i for i in range(N) if not i % 3), reverse=True)  # newest added first
     assert order == [key(i) for i in dated + undated]
     assert "takes no query" in error(client, 422, mode="browse", text="x")
+    oldest = search(client, k=100, mode="browse", sort="taken")  # dated oldest first, then the rest
+    assert [r["id"] for r in oldest["results"]] == [key(i) for i in dated[::-1] + undated]
 
 
 def test_cli_arithmetic_and_hybrid(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
-from themis_clip.collection import SORTS, Collection, Query
+from themis_clip.collection import SORTS, Collection, Query, browse
 from themis_clip.errors import WhereError
 from themis_clip.files import file_lock
 from themis_clip.index.indexer import IndexReport
@@ -239,15 +239,21 @@ def _index_from_parquet(args: argparse.Namespace, folder: Path) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise CLIError("-k must be >= 1")
-    if args.query is None and args.image is None:
-        raise CLIError("give a text query, --image FILE, or both")
+    filtered = bool(args.filter) or args.where is not None or args.sort != "score"
+    if args.query is None and args.image is None and not filtered:
+        raise CLIError("give a text query, --image FILE, or both (or a filter and --sort)")
     if args.query is not None and not args.query.strip():
         raise CLIError("the text query is empty")
     if args.hybrid and not args.query:
         raise CLIError("--hybrid needs a text query (its words are matched)")
     filters = _parse_filters(args.filter) or None
-    query = Query(text=args.query, image=args.image, add=args.add, subtract=args.subtract)
     location = index_location(args) or ""
+    if args.query is None and args.image is None:  # a filter, no query: browse it
+        with VectorIndex(location, readonly=True) as index:
+            found = browse(index, k=args.k, filters=filters, where=args.where, sort=args.sort)
+        _print_hits(found, as_json=args.json)
+        return 0
+    query = Query(text=args.query, image=args.image, add=args.add, subtract=args.subtract)
     with Collection.open(location, config_from(args), readonly=True) as collection:
         matches = collection.search(
             query,

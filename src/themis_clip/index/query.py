@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -134,6 +135,29 @@ def newest_first(rows: Sequence[tuple[int, Any, Any, Any]]) -> list[int]:
     return [row[0] for row in sorted(rows, key=when, reverse=True)]
 
 
+BROWSE_ORDERS = ("-taken", "taken", "mtime", "name")
+
+
+def _browse_order(
+    index: VectorIndex, rows: Sequence[tuple[int, Any, Any, Any]], order: str
+) -> list[int]:
+    """Ids of the timeline ``rows`` in ``order`` (undated items last in both date orders)."""
+    if order not in BROWSE_ORDERS:
+        raise InputError(f"order {order!r}: one of {', '.join(BROWSE_ORDERS)}")
+    if order == "-taken":
+        return newest_first(rows)
+    if order == "taken":
+        dated = {
+            row[0] for row in rows if _seconds(row[1]) is not None or _seconds(row[2]) is not None
+        }
+        newest = newest_first(rows)
+        return [i for i in reversed(newest) if i in dated] + [i for i in newest if i not in dated]
+    if order == "mtime":
+        return newest_first([(r[0], None, r[2], r[3]) for r in rows])
+    items = index.store.items_by_id([r[0] for r in rows])
+    return sorted(items, key=lambda i: (Path(items[i].path or items[i].key).name.lower(), i))
+
+
 def search_page(
     index: VectorIndex,
     *,
@@ -146,6 +170,7 @@ def search_page(
     cursor: str | None = None,
     exclude: frozenset[str] = frozenset(),
     where: Mapping[str, Any] | Where | None = None,
+    order: str = "-taken",
 ) -> Page:
     """One page of a query's results.
 
@@ -162,6 +187,8 @@ def search_page(
         cursor: the previous page's ``next`` (None: the first page).
         exclude: keys that are no answer (the items of a "more like this" query).
         where: a filter in the where language (:mod:`.where`) that results must satisfy.
+        order: ``browse``'s order: ``-taken`` (newest first: by capture time, else file time),
+            ``taken`` (oldest first), ``mtime`` (newest file first) or ``name``.
 
     Raises:
         InputError: a bad cursor, a mode without what it needs, or paging past ``MAX_K``.
@@ -171,7 +198,13 @@ def search_page(
     condition = parse_where(where) if isinstance(where, Mapping) else where
     raw_where = where if isinstance(where, Mapping) or where is None else repr(where)
     query_id = fingerprint(
-        {"mode": str(mode), "filters": filters or None, "where": raw_where, "query": identity}
+        {
+            "mode": str(mode),
+            "filters": filters or None,
+            "where": raw_where,
+            "query": identity,
+            **({"order": order} if mode == QueryMode.BROWSE and order != "-taken" else {}),
+        }
     )
     after = decode_cursor(cursor, query=query_id) if cursor is not None else None
     offset = after.offset if after else 0
@@ -186,7 +219,7 @@ def search_page(
             raise InputError(f"text: at most {MAX_QUERY_CHARS} characters for lexical search")
 
     def run(size: int) -> tuple[list[Hit], bool]:
-        found = _ranked(index, mode, size, vector, text, filters, condition)
+        found = _ranked(index, mode, size, vector, text, filters, condition, order)
         return [h for h in found if h.key not in exclude], len(found) < size
 
     needed = offset + k + 1  # one more than given: whether a next page exists
@@ -262,6 +295,7 @@ def _ranked(
     text: str | None,
     filters: Mapping[str, Any] | None,
     where: Where | None = None,
+    order: str = "-taken",
 ) -> list[Hit]:
     from themis_clip.index.search import Hit
 
@@ -272,7 +306,7 @@ def _ranked(
         timeline = index.store.timeline(filters)
         if allowed is not None:
             timeline = [row for row in timeline if row[0] in allowed]
-        ids = newest_first(timeline)[:size]
+        ids = _browse_order(index, timeline, order)[:size]
         items = index.store.items_by_id(ids)
         return [
             Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)

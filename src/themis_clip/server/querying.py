@@ -149,6 +149,7 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
             # "more like this": the items the query is made of are no answer
             exclude=frozenset(p.item for p in parts if p.item is not None and p.weight > 0),
             where=body.where,
+            order="-taken" if body.sort == "score" else body.sort,
         )
         return page.hits, page.next, idx.mode, space
 
@@ -164,7 +165,8 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     kept = hits[: result.kept]
     if len(kept) < len(hits):
         token = None  # the matches end on this page
-    out = {**results(sort_hits(kept, body.sort), kind, space), "next": token}
+    ordered = kept if mode == QueryMode.BROWSE else sort_hits(kept, body.sort)
+    out = {**results(ordered, kind, space), "next": token}
     out["cut"] = {"at": result.at, "reason": result.reason, "weaker": len(hits) - len(kept)}
     if line is not None:  # text → image: where a match stops meaning one
         out["weak_below"] = line.score
