@@ -379,3 +379,56 @@ def test_index_walks_past_nas_junk_and_honours_exclude(photos: Path, tmp_path: P
     assert "1 added" in r.stdout, r.stdout
     r = cli("index", str(photos), "--index", str(index), "--exclude", "screens")
     assert "1 removed" in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a read-only bind mount")
+def test_an_index_on_read_only_media_is_searched_and_writing_says_why(
+    photos: Path, tmp_path: Path
+) -> None:
+    """On read-only media an index without its -wal/-shm could not even be searched ("unable
+    to open database file"), and writing to a read-only index was a traceback."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is missing")
+    media = tmp_path / "media"
+    media.mkdir()
+    index = media / "photos.db"
+    assert cli("index", str(photos), "--index", str(index)).returncode == 0
+    assert not (media / "photos.db-wal").exists() and not (media / "photos.db-shm").exists()
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount --bind {media} {media} && mount -o remount,bind,ro {media} && touch {media}/x",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if "Read-only file system" not in probe.stderr:
+        pytest.skip(f"no read-only bind mount here: {probe.stderr.strip()}")
+    inside = f"mount --bind {media} {media} && mount -o remount,bind,ro {media} && "
+    search = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            inside + f"{EXE} search 'a red square' --cut none --index {index} -k 2 --json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert search.returncode == 0, search.stderr
+    assert len(json.loads(search.stdout)) == 2
+    write = subprocess.run(
+        ["unshare", "-m", "sh", "-c", inside + f"{EXE} index {photos} --index {index}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert write.returncode == 2 and "Traceback" not in write.stderr, write.stderr
+    assert "read-only" in write.stderr, write.stderr

@@ -460,3 +460,17 @@ def test_a_read_only_open_of_an_older_file_it_cannot_write_says_so(
     with pytest.raises(SearchIndexError, match="needs a migration; open it writable once"):
         IndexStore(path, readonly=True)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone() == (5,)  # untouched
+
+
+def test_writing_to_a_read_only_index_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from themis_clip.errors import SearchIndexError
+    from themis_clip.index.stores import sqlite as store
+
+    path = tmp_path / "i.db"
+    store.IndexStore(path).close()
+    monkeypatch.setattr(store.os, "access", lambda p, mode: not (mode & store.os.W_OK))
+    with pytest.raises(SearchIndexError, match="read-only .* copy it somewhere writable"):
+        store.IndexStore(path)
+    store.IndexStore(path, readonly=True).close()  # searching it still works

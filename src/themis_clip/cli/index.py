@@ -131,6 +131,11 @@ def _locked_index(args: argparse.Namespace, folder: Path, lock: Path) -> int:
                     f"another `themis-clip index` is updating {args.index}; "
                     "run this one when it ends"
                 ) from None
+            except OSError as exc:  # read-only media, no permission
+                raise CLIError(
+                    f"index {args.index} is read-only here ({exc.strerror or exc}): search it "
+                    "as it is, or copy it somewhere writable to add to it"
+                ) from None
         return _index(args, folder)
 
 

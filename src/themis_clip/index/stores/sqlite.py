@@ -74,6 +74,21 @@ log = logging.getLogger(__name__)
 __all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
 
 
+def _writable(path: Path) -> bool:
+    """Whether the index file and its folder (its -wal and -shm files) can be written."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+
+
+def _readable_now(db: sqlite3.Connection) -> bool:
+    try:
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "unable to open" in str(exc) or "readonly" in str(exc):
+            return False
+        raise
+    return True
+
+
 class IndexStore(SQLiteQueries, SQLiteWhereMixin):
     """An SQLite file holding items and vectors.
 
@@ -96,12 +111,26 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
                 f"no index at {self.path}; build one with "
                 f"`themis-clip index DIR --index {shlex.quote(str(self.path))}`"
             )
-        uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
+        self._ro_uri = f"file:{self.path}?mode=ro"
+        if not readonly and self.path.exists() and not _writable(self.path):
+            raise SearchIndexError(
+                f"index {self.path} is read-only (no write access to the file or its folder): "
+                "search it as it is, or copy it somewhere writable to add to it"
+            )
+        uri = self._ro_uri if readonly else f"file:{self.path}"
         try:
             if not readonly:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA busy_timeout = 10000")
+            if readonly and not _readable_now(self._db):
+                # Read-only media: a WAL index without its -shm file cannot be opened in
+                # ``mode=ro`` (SQLite would create the -shm); nothing can change it there.
+                self._db.close()
+                self._ro_uri += "&immutable=1"
+                self._db = sqlite3.connect(
+                    self._ro_uri, uri=True, check_same_thread=False, isolation_level=None
+                )
             if not readonly:
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")
@@ -124,7 +153,7 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
         if conn is None:
             try:
                 conn = sqlite3.connect(
-                    f"file:{self.path}?mode=ro",
+                    self._ro_uri,
                     uri=True,
                     check_same_thread=False,
                     isolation_level=None,
