@@ -1,4 +1,4 @@
-"""Hot swap (seed §9.1): the state machine, the reload report, validation of a new model, the
+"""Hot swap (ThemisDB's reload_model): the state machine, the reload report, validation of a new model, the
 embedding-space checks, and :func:`reload`, the orchestration ``OnnxClipPlugin.reload_model``
 delegates to.
 

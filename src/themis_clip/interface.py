@@ -411,7 +411,7 @@ class ImageAnalysisBackend(ABC):
 class ReloadableBackend(Protocol):
     """A backend that also swaps its model in place (``OnnxClipPlugin`` is one).
 
-    Not in ThemisDB's header (the seed's §9.1 adds it): check with
+    Not in ThemisDB's header (ThemisDB's plugin spec adds reload_model): check with
     ``isinstance(backend, ReloadableBackend)`` before calling.
     """
 

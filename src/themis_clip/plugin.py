@@ -418,7 +418,7 @@ class OnnxClipPlugin(ImageAnalysisBackend):
         *,
         space_guard: SpaceGuard | None = None,
     ) -> bool:
-        """Swap in the model of ``new_config`` without stopping service (seed §9.1).
+        """Swap in the model of ``new_config`` without stopping service (ThemisDB's reload_model).
 
         Any model that loads, hashes and validates is accepted, as in the seed (whose own
         example moves to a 768-d model). When the embedding space changes (another name,

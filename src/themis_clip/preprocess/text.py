@@ -1,7 +1,7 @@
 r"""The core's only module that imports ``tokenizers``: CLIP tokenisation from the model's own
 files (the exporter's one home of ``tokenizers`` is ``export/tokenizer.py``).
 
-Conventions (REFERENCE.md §2): every sequence is ``<|startoftext|> tokens <|endoftext|>``,
+Conventions (OpenAI CLIP's tokenizer): every sequence is ``<|startoftext|> tokens <|endoftext|>``,
 padded to the batch length with the model's pad id (OpenAI pads with 0; HF and immich files
 often with the EOT id). Text is cleaned exactly as OpenAI's ``simple_tokenizer.py`` does
 (``basic_clean``: ``ftfy.fix_text``, then HTML unescaped twice, stripped; ``whitespace_clean``:
