@@ -115,7 +115,7 @@ class ProviderPlan:
 
     @property
     def serialize_runs(self) -> bool:
-        """DirectML sessions allow one ``run`` at a time (ONNX Runtime's DirectML provider is not thread-safe)."""
+        """DirectML sessions allow one ``run`` at a time (its provider is not thread-safe)."""
         return self.backend is BackendType.DIRECTML
 
 

@@ -1,7 +1,7 @@
 """The only module that imports Pillow: decode, orient, resize, crop, normalise.
 
 Parity target: with ``resize_mode="shortest"`` this matches OpenAI CLIP's ``_transform(n_px)``
-exactly (OpenAI CLIP's ``_transform``): ``Resize(n_px, BICUBIC)`` of the shortest side with the long side
+exactly: ``Resize(n_px, BICUBIC)`` of the shortest side with the long side
 truncated (``int(n_px * long / short)``), ``CenterCrop(n_px)`` with round-half-to-even offsets,
 RGB conversion *after* resize and crop (palette and 1-bit images are therefore resized NEAREST
 by Pillow, RGBA is resized before alpha is dropped), ``/255`` and the CLIP mean/std, CHW.
