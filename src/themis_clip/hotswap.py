@@ -1,6 +1,6 @@
 """Hot swap (ThemisDB's reload_model): the state machine, the reload report, validation of a
-new model, the embedding-space checks, and :func:`reload`, the orchestration ``OnnxClipPlugin.reload_model``
-delegates to.
+new model, the embedding-space checks, and :func:`reload`, the orchestration
+``OnnxClipPlugin.reload_model`` delegates to.
 
 The new model is loaded and validated beside the old one while the old one keeps serving;
 activation is one reference swap (the plugin's ``activate`` callback), so new requests never
