@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - the Hub fixtures of test_hub.py, imported by name
 """A hostile Hub: every value it returns is untrusted (commits, names, sizes, manifests, configs).
 
 ``themis-clip`` runs as a subprocess against :class:`tests.hub_server.FakeHub` serving hostile
@@ -19,16 +18,7 @@ from typing import Any
 import pytest
 
 from tests.hub_server import FakeHub
-from tests.integration.test_hub import (  # noqa: F401 - fixtures
-    IMMICH,
-    TOKEN,
-    env,
-    hub,
-    photos,
-    repos,
-    run,
-    serve,
-)
+from tests.hubtools import IMMICH, TOKEN, run, serve
 
 pytestmark = pytest.mark.slow
 
