@@ -444,9 +444,12 @@ def _verify_file(repo: str, commit: str, path: Path, rel: str, entry: Mapping[st
 
 
 def _evict(path: Path) -> None:
-    """Delete a cached file: the blob the snapshot link points to, and the link."""
+    """Delete a cached file: the link, and the blob it points to if that is in the repo's
+    ``blobs`` folder (never a file elsewhere a foreign link may name)."""
     target = path.resolve()
-    for p in (target, path):
+    blobs = next((p.parent / "blobs" for p in path.parents if p.name == "snapshots"), None)
+    inside = blobs is not None and target.is_relative_to(blobs.resolve())
+    for p in (target, path) if inside else (path,):
         with suppress(FileNotFoundError):
             p.unlink()
 
