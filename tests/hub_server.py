@@ -8,6 +8,11 @@ folders the tests build; files over :data:`LFS_THRESHOLD` bytes are listed as LF
 Hub does for weights. Faults are switches: serve a file with one byte flipped (the listing keeps
 the true digest), drop the connection once mid-file, answer 401/403 for a gated repo. Every
 request is counted.
+
+Hostile answers (what a mirror, a proxy or anyone on plain HTTP could send) are switches too:
+another commit in the repo info (``../x``, an absolute path, ``main``), other ``X-Repo-Commit``
+or ``ETag`` headers on file answers, extra listing entries (traversal names, absurd sizes), and
+file bodies longer than their listing (the listing and HEAD keep the true size).
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ class FakeHub:
         self.drop_once: set[tuple[str, str]] = set()  # (repo, file) cut mid-body once
         self.block = threading.Event()  # set: hold every file body until cleared
         self.block.set()
+        self.answer_commit: dict[str, str] = {}  # repo → the commit its info answers with
+        self.header_commit: dict[str, str] = {}  # repo → X-Repo-Commit on its file answers
+        self.header_etag: dict[str, str] = {}  # repo → ETag on its file answers
+        self.extra_listing: dict[str, list[dict[str, object]]] = {}  # repo → entries added
+        self.padding: dict[tuple[str, str], int] = {}  # (repo, file) → bytes sent past its end
+        self.body_bytes: Counter[str] = Counter()  # "repo/file" → body bytes written
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -132,25 +143,27 @@ class FakeHub:
         return (name, repo) if repo is not None else None
 
     def _commit(self, repo: Repo, rev: str) -> str | None:
-        if rev == repo.commit:
-            return rev
+        if rev == repo.commit or rev in self.answer_commit.values():
+            return repo.commit  # a hostile commit is answered as if it were the true one
         return repo.refs.get(rev)
 
     def _serve(self, h: BaseHTTPRequestHandler, *, head: bool) -> None:
-        path = unquote(urlparse(h.path).path)
+        raw = urlparse(h.path).path  # matched quoted: a revision may hold "/" ("%2F")
+        path = unquote(raw)
         method = "HEAD" if head else "GET"
-        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path)
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", raw)
         if m:
             self._count(f"{method} info")
-            return self._info(h, m.group(1), m.group(2), head)
-        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path)
+            return self._info(h, unquote(m.group(1)), unquote(m.group(2)), head)
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", raw)
         if m:
             self._count(f"{method} tree")
-            return self._tree(h, m.group(1), m.group(2), head)
-        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+            return self._tree(h, unquote(m.group(1)), unquote(m.group(2)), head)
+        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", raw)
         if m:
             self._count(f"{method} resolve")
-            return self._file(h, m.group(1), m.group(2), m.group(3), head)
+            name, rev, rel = (unquote(g) for g in m.groups())
+            return self._file(h, name, rev, rel, head)
         self._count(f"{method} other {path}")
         self._error(h, 404, "EntryNotFound", head)
 
@@ -173,7 +186,8 @@ class FakeHub:
         if commit is None:
             return self._error(h, 404, "RevisionNotFound", head)
         siblings = [{"rfilename": f} for f in repo.files()]
-        self._json(h, {"id": name, "modelId": name, "sha": commit, "siblings": siblings})
+        sha = self.answer_commit.get(name, commit)
+        self._json(h, {"id": name, "modelId": name, "sha": sha, "siblings": siblings})
 
     def _tree(self, h: BaseHTTPRequestHandler, name: str, rev: str, head: bool) -> None:
         repo = self._gate(h, name, head)
@@ -201,6 +215,7 @@ class FakeHub:
                 }
             entries.append(entry)
         entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": f} for f in folders]
+        entries += self.extra_listing.get(name, [])
         self._json(h, entries)
 
     def _file(self, h: BaseHTTPRequestHandler, name: str, rev: str, rel: str, head: bool) -> None:
@@ -227,8 +242,10 @@ class FakeHub:
             if m:
                 start, status = int(m.group(1)), 206
         body = data[start:]
+        pad = 0 if head else self.padding.get((name, rel), 0)
         h.send_response(status)
-        h.send_header("X-Repo-Commit", commit)
+        h.send_header("X-Repo-Commit", self.header_commit.get(name, commit))
+        etag = self.header_etag.get(name, etag)
         h.send_header("ETag", f'"{etag}"')
         if lfs:
             h.send_header("X-Linked-Etag", f'"{etag}"')
@@ -236,7 +253,11 @@ class FakeHub:
         h.send_header("Accept-Ranges", "bytes")
         if status == 206:
             h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        h.send_header("Content-Length", str(len(data) if head else len(body)))
+        if pad:  # no length to check against: the body ends when the connection closes
+            h.send_header("Connection", "close")
+            h.close_connection = True
+        else:
+            h.send_header("Content-Length", str(len(data) if head else len(body)))
         h.send_header("Content-Type", "application/octet-stream")
         h.end_headers()
         if head:
@@ -254,3 +275,16 @@ class FakeHub:
             h.connection.shutdown(2)
             return
         h.wfile.write(body)
+        self._count_body(name, rel, len(body))
+        chunk = b"\0" * (1 << 20)
+        try:
+            while pad > 0:  # a body longer than its listing, sent until the client gives up
+                h.wfile.write(chunk[:pad])
+                self._count_body(name, rel, min(pad, len(chunk)))
+                pad -= len(chunk)
+        except OSError:
+            h.close_connection = True
+
+    def _count_body(self, name: str, rel: str, n: int) -> None:
+        with self._lock:
+            self.body_bytes[f"{name}/{rel}"] += n

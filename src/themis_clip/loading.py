@@ -218,6 +218,14 @@ def _resolve(
         tokenizer_path=mc.tokenizer_path,
         variant=mc.variant,
     )
+    if local.digests:  # from the Hub: only files its verified record holds (the rest is unknown)
+        given = {Path(p) for p in (mc.text_path, mc.tokenizer_path) if p}
+        for file in (spec.visual_path, spec.textual_path, spec.tokenizer_path):
+            if file is not None and file not in given and str(file) not in local.digests:
+                raise ModelFormatError(
+                    f"{local.source.label}: {file} is not a file of its verified Hub record "
+                    f"(commit {local.commit}); a model from the Hub loads only verified files"
+                )
     return local, spec
 
 

@@ -136,3 +136,65 @@ def test_every_json_file_read_is_strict(tmp_path: Path, text: str | bytes) -> No
     assert pad_id_from_config(path, Vocab()) == 0
     path.write_bytes(b'{"pad_token": "b"}')
     assert pad_id_from_config(path, Vocab()) == 8
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"visual": {"file": "/etc/passwd"}},
+        {"visual": {"file": "../outside.onnx"}},
+        {"visual": {"file": "sub/../../outside.onnx"}},
+        {"visual": {"file": "visual.onnx"}, "textual": {"tokenizer": "/etc/passwd"}},
+        {"visual": {"file": "visual.onnx"}, "textual": {"file": "../t.onnx"}},
+        {"variants": {"int8": {"visual": "/etc/passwd"}}},
+        {"files": {"../outside.onnx": "0" * 64}},
+    ],
+)
+def test_a_manifest_name_leaving_the_folder_is_refused(
+    model_copy: Path, changes: dict[str, object]
+) -> None:
+    shutil.copy(model_copy / "visual.onnx", model_copy.parent / "outside.onnx")
+    edit_manifest(model_copy, **changes)
+    with pytest.raises(ModelFormatError, match="leaves the model folder"):
+        resolve_model(model_copy, variant="int8" if "variants" in changes else None)
+
+
+@pytest.mark.parametrize("layout", ["themis", "immich"])
+def test_a_link_leaving_the_folder_is_refused(
+    model_copy: Path, tmp_path: Path, layout: str
+) -> None:
+    outside = tmp_path / "elsewhere.onnx"
+    shutil.copy(model_copy / "visual.onnx", outside)
+    tower = model_copy / "visual.onnx"
+    if layout == "immich":  # a peer's fixed names are checked the same way
+        (model_copy / MANIFEST_NAME).unlink()
+        (model_copy / "visual").mkdir()
+        tower = model_copy / "visual" / "model.onnx"
+    tower.unlink(missing_ok=True)
+    tower.symlink_to(outside)
+    with pytest.raises(ModelFormatError, match="leaves the model folder"):
+        resolve_model(model_copy)
+    tower.unlink()
+    shutil.copy(outside, tower)  # the same bytes inside the folder load
+    resolve_model(model_copy)
+
+
+def test_a_hub_model_loads_only_files_of_its_verified_record(
+    model_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from themis_clip import BackendType, PluginConfig, loading
+    from themis_clip.models.hub import ModelSource, ResolvedModel
+
+    recorded = {str(model_copy / n): sha(model_copy / n) for n in ("visual.onnx", "manifest.json")}
+
+    def resolved(digests: dict[str, str]) -> ResolvedModel:
+        source = ModelSource(text="someone/x", repo="someone/x")
+        return ResolvedModel(path=model_copy, source=source, commit="0" * 40, digests=digests)
+
+    config = PluginConfig.from_dict({"model": {"path": "someone/x"}})
+    monkeypatch.setattr(loading, "resolve_source", lambda *a, **k: resolved(recorded))
+    with pytest.raises(ModelFormatError, match="textual.onnx is not a file of its verified"):
+        loading.load_model(config, BackendType.CPU)
+    for name in ("textual.onnx", "tokenizer.json"):
+        recorded[str(model_copy / name)] = sha(model_copy / name)
+    assert loading.load_model(config, BackendType.CPU).retire(timeout_s=5)

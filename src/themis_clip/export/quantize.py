@@ -21,11 +21,12 @@ import numpy.typing as npt
 
 import themis_clip.jsonio as jsonio
 from themis_clip.config import PluginConfig
-from themis_clip.errors import ExportError, ModelError
+from themis_clip.errors import ExportError
 from themis_clip.export.precision import quantize_int8_dynamic, quantize_int8_static
 from themis_clip.files import walk_images
+from themis_clip.interface import BackendType
+from themis_clip.loading import load_model
 from themis_clip.models.layout import MANIFEST_NAME, write_manifest
-from themis_clip.plugin import OnnxClipPlugin
 
 __all__ = ["CALIBRATION_CAPTIONS", "add_int8_variant", "calibration_images"]
 
@@ -107,7 +108,7 @@ def add_int8_variant(
 
     Raises:
         ValueError: ``calibration`` holds no images.
-        ModelError: the model directory cannot be loaded.
+        ModelError: the model directory cannot be loaded (as :func:`load_model` raises it).
     """
     manifest_path = model_dir / MANIFEST_NAME
     manifest: dict[str, Any] = jsonio.read(manifest_path)
@@ -161,9 +162,8 @@ def _feeds(
 ) -> tuple[dict[str, list[dict[str, npt.NDArray[Any]]]], str]:
     import onnx
 
-    plugin = OnnxClipPlugin()
-    if not plugin.initialize(PluginConfig.from_dict({"model": {"path": str(model_dir)}})):
-        raise ModelError(f"cannot load {model_dir} to calibrate: {plugin.last_error}")
+    # The fp32 model's own preprocessor, tokenizer and sessions say how each tower is fed.
+    model = load_model(PluginConfig.from_dict({"model": {"path": str(model_dir)}}), BackendType.CPU)
     try:
         if calibration is not None:
             paths = walk_images(calibration)
@@ -182,7 +182,7 @@ def _feeds(
         pixels = []
         for image in images:
             try:
-                pixels.append(plugin.preprocess(image))
+                pixels.append(model.preprocessor(image))
             except Exception as exc:  # an unreadable calibration file is skipped, not fatal
                 log.warning("calibration image skipped: %s", exc)
         if not pixels:
@@ -200,11 +200,10 @@ def _feeds(
             ]
         }
         if "textual" in towers:
-            rows = plugin.tokenize(CALIBRATION_CAPTIONS)
-            engine = plugin._model  # the loaded text tower says how it is fed
-            assert engine is not None
-            assert engine.textual is not None
-            text = engine.textual
+            text = model.textual
+            if text is None:
+                raise ExportError(f"{model_dir}: the manifest names a text tower the model lacks")
+            rows = [list(r) for r in text.tokenizer.encode_batch(CALIBRATION_CAPTIONS, None).rows]
             text_feeds = []
             for i in range(0, len(rows), batch):
                 part = rows[i : i + batch]
@@ -233,4 +232,4 @@ def _feeds(
             described += f" and {len(rows)} built-in captions"
         return feeds, described
     finally:
-        plugin.shutdown()
+        model.retire(timeout_s=0)

@@ -26,7 +26,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import themis_clip.jsonio as jsonio
@@ -92,6 +92,7 @@ def resolve_model(
             spec = peer
             if tokenizer_path:
                 spec = replace(spec, tokenizer_path=Path(tokenizer_path))
+        _stay_inside(spec, given=Path(tokenizer_path) if tokenizer_path else None)
     else:
         if variant not in (None, "fp32"):
             raise ModelFormatError(
@@ -129,6 +130,32 @@ def resolve_model(
         )
         spec = replace(spec, textual_path=None)
     return spec
+
+
+def _stay_inside(spec: ModelSpec, *, given: Path | None) -> None:
+    """Refuse a model file that leaves the model folder once links are resolved.
+
+    The one place links may lead is a Hugging Face cache snapshot's own ``blobs`` folder (its
+    files are links into it). ``given`` (a tokenizer the configuration names) is exempt.
+
+    Raises:
+        ModelFormatError: naming the file and where it leads.
+    """
+    root = spec.root
+    allowed = [root.resolve()]
+    if root.parent.name == "snapshots":
+        allowed.append((root.parent.parent / "blobs").resolve())
+    files = [spec.visual_path, spec.textual_path, spec.tokenizer_path]
+    files += [root / rel for rel in spec.declared_sha256]
+    for file in files:
+        if file is None or file == given:
+            continue
+        target = file.resolve()
+        if not any(target.is_relative_to(base) for base in allowed):
+            raise ModelFormatError(
+                f"{file} leaves the model folder {root} (it resolves to {target}); a model "
+                "loads only files inside its folder"
+            )
 
 
 def model_identity_digest(
@@ -185,9 +212,9 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
     root = manifest.parent
     visual = m.section("visual", required=True)
     textual = m.section("textual")
-    files = {"visual": visual.get("file", str) or "visual.onnx"}
+    files = {"visual": visual.name("file") or "visual.onnx"}
     if textual.present:
-        files["textual"] = textual.get("file", str) or "textual.onnx"
+        files["textual"] = textual.name("file") or "textual.onnx"
     chosen = variant or "fp32"
     if chosen != "fp32":
         variants = m.get("variants", dict) or {}
@@ -196,10 +223,12 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
             raise ModelFormatError(f"{manifest}: no variant {chosen!r}; available: {available}")
         override = _Fields(variants[chosen], manifest, f"variants.{chosen}.")
         for tower in list(files):
-            files[tower] = override.get(tower, str) or files[tower]
+            files[tower] = override.name(tower) or files[tower]
     declared = m.get("files", dict) or {}
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in declared.items()):
         raise ModelFormatError(f"{manifest}: files must map file names to SHA-256 strings")
+    for rel in declared:
+        _relative(rel, manifest, "files")
     image = ImageSpec(
         image_size=visual.get("image_size", int) or 224,
         mean=visual.triple("mean") or CLIP_MEAN,
@@ -207,7 +236,7 @@ def _from_manifest(manifest: Path, *, variant: str | None, name: str | None) -> 
         resize_mode=visual.resize_mode(),
         interpolation=visual.get("interpolation", str) or "bicubic",
     )
-    tokenizer = (textual.get("tokenizer", str) or "tokenizer.json") if textual.present else None
+    tokenizer = (textual.name("tokenizer") or "tokenizer.json") if textual.present else None
     scoring = _Fields(m.get("scoring", dict), manifest, "scoring.")
     return ModelSpec(
         name=name or m.get("name", str) or root.name,
@@ -243,6 +272,16 @@ def _text_spec(textual: _Fields, source: Path) -> TextSpec:
     return spec
 
 
+def _relative(name: str, source: Path, key: str) -> str:
+    """``name`` if it is a relative path that stays in the model folder by its spelling."""
+    pure = PurePosixPath(name.replace("\\", "/"))
+    if not name or pure.is_absolute() or ".." in pure.parts or PureWindowsPath(name).drive:
+        raise ModelFormatError(
+            f"{source}: {key} {name[:200]!r} leaves the model folder; name a file inside it"
+        )
+    return name
+
+
 class _Fields:
     def __init__(self, data: Any, source: Path, prefix: str = "") -> None:
         self.present = data is not None
@@ -268,6 +307,11 @@ class _Fields:
         if typ is int and isinstance(value, int) and value < 0:
             raise self._fail(key, f"must be >= 0, got {value!r}")
         return value
+
+    def name(self, key: str) -> str | None:
+        """A file name inside the model folder (relative, without ``..``), or None."""
+        value = self.get(key, str)
+        return None if value is None else _relative(value, self._source, self._prefix + key)
 
     def finite(self, key: str, *, positive: bool = False) -> float | None:
         value = self._data.get(key)

@@ -19,9 +19,16 @@ cached copy and refuses. The verified digests and the commit are recorded beside
 the recorded digests to the loader, which re-hashes the files against them before use.
 One process at a time pulls a repo (a file lock); a second waits, then finds it cached.
 
-``source`` classifies strings and knows each layout's allow-list; ``cache`` owns the local cache,
-the records and the lock (``filelock``); ``pull`` is the home of ``huggingface_hub`` and imports
-the optional ``export`` extra lazily to export PyTorch checkpoints on pull.
+Every value the Hub returns is untrusted: a commit is 40 lowercase hex characters, a listed
+name stays inside the snapshot, a listed size is a bounded integer and a file is cut at the first
+byte past it; file answers' ``X-Repo-Commit`` and ``ETag`` (which the client names cache files
+after) must be hex digests.
+
+``source`` classifies strings, checks listing entries and knows each layout's allow-list;
+``cache`` owns the local cache, the records and the lock (``filelock``); ``pull`` is the home of
+``huggingface_hub`` and exports a PyTorch checkpoint by running ``themis-clip export`` in a child
+process with a memory and time limit, after checking its config against its weights
+(:mod:`themis_clip.models.checkpoint`); it never imports the exporter.
 """
 
 from __future__ import annotations

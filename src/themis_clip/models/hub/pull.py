@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -17,6 +19,7 @@ from typing import Any
 from themis_clip.errors import IntegrityError, ModelError, ModelFormatError, ModelNotFoundError
 from themis_clip.files import sha256_of
 from themis_clip.models.catalogue import RepoLayout
+from themis_clip.models.checkpoint import check_checkpoint, pickled_message
 from themis_clip.models.hub.cache import (
     RECORD_FORMAT,
     cached,
@@ -31,6 +34,8 @@ from themis_clip.models.hub.source import (
     ModelSource,
     ResolvedModel,
     detect_layout,
+    is_commit,
+    listed_file,
     parse_source,
     select_files,
 )
@@ -122,9 +127,11 @@ def _pull_locked(
             f"checkpoint); its files: {shown or 'none'}"
         )
     if layout == RepoLayout.PYTORCH:
-        exporter = _exporter(source)  # fail before downloading gigabytes we cannot use
+        if "model.safetensors" not in tree:
+            raise ModelFormatError(pickled_message(f"{repo}@{source.revision}"))
+        _export_extra(source)  # fail before downloading gigabytes we cannot use
     needed = select_files(list(tree), layout, precision)
-    snapshot = _download(repo, commit, needed, cache_dir, progress)
+    snapshot = _download(repo, commit, {rel: tree[rel] for rel in needed}, cache_dir, progress)
     verified = dict(record["verified"]) if record else {}
     for rel in needed:
         verified[rel] = _verify_file(repo, commit, snapshot / rel, rel, tree[rel])
@@ -140,7 +147,7 @@ def _pull_locked(
     }
     if layout == RepoLayout.PYTORCH:
         new_record["exports"][precision or "fp32"] = _export(
-            exporter, source, storage, snapshot, commit, precision or "fp32"
+            source, storage, snapshot, commit, precision or "fp32"
         )
     text_repo = source.entry.text_repo if source.entry is not None else None
     if text_repo:
@@ -207,53 +214,152 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
     return (OSError, httpx2.HTTPError)
 
 
+#: more files than any model repo holds: a listing beyond it is refused, not read to the end
+MAX_LISTED_FILES = 20_000
+
+
+def _malformed(source: ModelSource, exc: BaseException) -> ModelFormatError:
+    """The client's own refusal of a malformed answer (``ValueError``, ``KeyError``...)."""
+    first = str(exc).splitlines()[0][:200] if str(exc) else "?"
+    return ModelFormatError(
+        f"the Hub's answer for {source.repo}@{source.revision} is malformed "
+        f"({type(exc).__name__}: {first})"
+    )
+
+
 def _remote_listing(
     source: ModelSource, cache_dir: str | Path | None
 ) -> tuple[str, dict[str, dict[str, Any]]]:
-    """``(commit, {path: {size, sha256 | None, blob_id}})`` of the repo at the revision."""
+    """``(commit, {path: {size, sha256 | None, blob_id}})`` of the repo at the revision.
+
+    Every value is checked before it is used (the commit names cache files): a commit is 40
+    lowercase hex characters, names stay inside the snapshot, sizes are bounded integers.
+    """
     from huggingface_hub import HfApi, RepoFile
 
     translate = _hub_errors(source)
     assert source.repo is not None
+    _guard_client()
     api = HfApi()
     try:
         info = api.model_info(source.repo, revision=source.revision)
         commit = info.sha
-        if commit is None:
-            raise ModelNotFoundError(f"the Hub gave no commit for {source.repo}")
-        tree = {
-            f.path: {
-                "size": f.size,
-                "blob_id": f.blob_id,
-                "sha256": f.lfs.sha256 if f.lfs is not None else None,
-            }
-            for f in api.list_repo_tree(source.repo, revision=commit, recursive=True)
-            if isinstance(f, RepoFile)
-        }
+        if (
+            not isinstance(commit, str)
+            or not is_commit(commit)
+            or (is_commit(source.revision) and commit != source.revision)
+        ):
+            raise ModelFormatError(
+                f"the Hub answered commit {str(commit)[:100]!r} for "
+                f"{source.repo}@{source.revision}: a commit is 40 lowercase hex characters "
+                "(and the one asked for)"
+            )
+        tree: dict[str, dict[str, Any]] = {}
+        for f in api.list_repo_tree(source.repo, revision=commit, recursive=True):
+            if not isinstance(f, RepoFile):
+                continue
+            if len(tree) >= MAX_LISTED_FILES:
+                raise ModelFormatError(
+                    f"{source.repo}@{commit[:12]} lists more than {MAX_LISTED_FILES} files"
+                )
+            sha = f.lfs.sha256 if f.lfs is not None else None
+            tree[f.path] = listed_file(f.path, f.size, sha, f.blob_id)
     except ModelError:
         raise
     except _transport_errors() as exc:
         raise translate(exc) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise _malformed(source, exc) from None
     return commit, tree
 
 
-def _download(
-    repo: str, commit: str, files: list[str], cache_dir: str | Path | None, progress: bool
-) -> Path:
-    from huggingface_hub import snapshot_download
-
-    translate = _hub_errors(ModelSource(text=repo, repo=repo, revision=commit))
-    try:
-        folder = snapshot_download(
-            repo,
-            revision=commit,
-            allow_patterns=files,
-            cache_dir=str(cache_dir) if cache_dir is not None else None,
-            tqdm_class=progress_bar_class() if progress else _SilentBar,
+def _check_answer(response: Any) -> None:
+    """Refuse a file answer whose headers the client would build cache paths from
+    (``snapshots/<X-Repo-Commit>``, ``.no_exist/<X-Repo-Commit>``, ``blobs/<ETag>``) unless
+    they are hex digests: the client writes there before any other check."""
+    if "/resolve/" not in response.request.url.path:
+        return
+    commit = response.headers.get("X-Repo-Commit")
+    if commit is not None and not is_commit(commit):
+        raise ModelFormatError(
+            f"the Hub answered commit {commit[:100]!r} for a file: not 40 lowercase hex characters"
         )
-    except _transport_errors() as exc:
-        raise translate(exc) from None
-    return Path(folder)
+    etag = response.headers.get("X-Linked-Etag") or response.headers.get("ETag")
+    if response.status_code < 400 and etag is not None:
+        value = etag.removeprefix("W/").strip('"')
+        if len(value) not in (40, 64) or value.strip("0123456789abcdef"):
+            raise ModelFormatError(f"the Hub answered ETag {etag[:100]!r} for a file: not a digest")
+
+
+def _guard_client() -> None:
+    """Hook :func:`_check_answer` into the client's shared HTTP session (idempotent)."""
+    from huggingface_hub import get_session
+
+    session = get_session()
+    hooks = session.event_hooks
+    if _check_answer not in hooks["response"]:
+        hooks["response"] = [*hooks["response"], _check_answer]
+        session.event_hooks = hooks
+
+
+def _download(
+    repo: str,
+    commit: str,
+    files: Mapping[str, Mapping[str, Any]],
+    cache_dir: str | Path | None,
+    progress: bool,
+) -> Path:
+    """Fetch ``files`` (name → listing entry) of ``repo@commit``; each file's size is held to
+    its listing while it downloads (the client would read any length, then compare)."""
+    from huggingface_hub import hf_hub_download
+
+    source = ModelSource(text=repo, repo=repo, revision=commit)
+    translate = _hub_errors(source)
+    _guard_client()
+    for rel, entry in files.items():
+        try:
+            hf_hub_download(
+                repo,
+                rel,
+                revision=commit,
+                cache_dir=str(cache_dir) if cache_dir is not None else None,
+                tqdm_class=_held_to_listing(repo, rel, int(entry["size"]), progress),
+            )
+        except ModelError:
+            raise
+        except _transport_errors() as exc:
+            raise translate(exc) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise _malformed(source, exc) from None
+    return storage_dir(repo, cache_dir) / "snapshots" / commit
+
+
+def _held_to_listing(repo: str, rel: str, listed: int, progress: bool) -> type[Any]:
+    """The client's per-file progress bar class, refusing a body longer than the listing (at
+    the first chunk past it) or announced at another size (before the body is read)."""
+    base: type[Any] = progress_bar_class() if progress else _SilentBar
+
+    def refuse(got: str) -> IntegrityError:
+        return IntegrityError(
+            f"{repo}: {rel} is listed at {listed} bytes but the Hub sent {got}; refused "
+            "while downloading"
+        )
+
+    class Held(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            total = kwargs.get("total")
+            if total is not None and int(total) != listed:
+                raise refuse(f"a file of {total} bytes")
+            self._received = int(kwargs.get("initial") or 0)
+            super().__init__(*args, **kwargs)
+
+        def update(self, n: float | None = 1) -> Any:
+            self._received += int(n or 0)
+            if self._received > listed:
+                raise refuse(f"more ({self._received} bytes so far)")
+            return super().update(n)
+
+    return Held
 
 
 class _SilentBar:
@@ -338,44 +444,98 @@ def _verify_file(repo: str, commit: str, path: Path, rel: str, entry: Mapping[st
 
 
 def _evict(path: Path) -> None:
-    """Delete a cached file: the blob the snapshot link points to, and the link."""
+    """Delete a cached file: the link, and the blob it points to if that is in the repo's
+    ``blobs`` folder (never a file elsewhere a foreign link may name)."""
     target = path.resolve()
-    for p in (target, path):
+    blobs = next((p.parent / "blobs" for p in path.parents if p.name == "snapshots"), None)
+    inside = blobs is not None and target.is_relative_to(blobs.resolve())
+    for p in (target, path) if inside else (path,):
         with suppress(FileNotFoundError):
             p.unlink()
 
 
-def _exporter(source: ModelSource) -> Callable[..., Any]:
-    try:
-        from themis_clip.export import hf
-    except ImportError as exc:
-        alt = source.entry.onnx_alternative if source.entry is not None else None
-        ready = f"; or use the ready ONNX model {alt!r}" if alt else ""
-        raise ModelFormatError(
-            f"{source.repo} is a PyTorch checkpoint: exporting it on pull needs the export extra "
-            f"({exc.name} is missing): pip install 'themis-onnx-clip[export]'{ready}"
-        ) from None
-    return hf.export_hf_checkpoint
+#: what an export may take (CPU export of the largest CLIP towers with int8 calibration: minutes)
+EXPORT_TIMEOUT_S = 3600
+#: address space an export may use: a floor for torch itself, plus a multiple of the weights
+_EXPORT_MEMORY_FLOOR = 8 * 1024**3
+_EXPORT_MEMORY_PER_WEIGHT_BYTE = 8
+_EXPORT_MODULES = ("torch", "transformers", "onnx", "onnxscript")
+
+
+def _export_extra(source: ModelSource) -> None:
+    """Refuse before downloading when the export extra is missing (checked in a child process,
+    so this one never imports torch)."""
+    code = "import " + ", ".join(_EXPORT_MODULES)
+    done = subprocess.run(  # noqa: S603 - this interpreter, fixed arguments
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    if done.returncode == 0:
+        return
+    last = (done.stderr.strip().splitlines() or ["?"])[-1]
+    missing = next((m for m in _EXPORT_MODULES if f"'{m}'" in last), last)
+    alt = source.entry.onnx_alternative if source.entry is not None else None
+    ready = f"; or use the ready ONNX model {alt!r}" if alt else ""
+    raise ModelFormatError(
+        f"{source.repo} is a PyTorch checkpoint: exporting it on pull needs the export extra "
+        f"({missing} is missing): pip install 'themis-onnx-clip[export]'{ready}"
+    )
 
 
 def _export(
-    exporter: Callable[..., Any],
     source: ModelSource,
     storage: Path,
     snapshot: Path,
     commit: str,
     precision: str,
 ) -> dict[str, Any]:
+    """Export a verified checkpoint to ONNX in a child process (``themis-clip export``) with
+    a memory and time limit: a runaway export ends there, not in the server."""
+    check_checkpoint(snapshot)  # config against the weights' header, before building anything
     rel = f"themis/export/{commit}-{precision.replace(',', '+')}"
     out = storage / rel
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     precisions = ["fp32", *[p for p in precision.split(",") if p and p != "fp32"]]
     log.info("exporting %s@%s to ONNX (%s)", source.repo, commit[:12], ",".join(precisions))
-    exporter(snapshot, tmp, precisions=precisions, name=source.label)
+    weights = (snapshot / "model.safetensors").stat().st_size
+    limit = _EXPORT_MEMORY_FLOOR + _EXPORT_MEMORY_PER_WEIGHT_BYTE * weights
+    cmd = [sys.executable, "-m", "themis_clip.cli", "export", str(snapshot), str(tmp)]
+    cmd += ["--precision", ",".join(precisions), "--name", source.label]
+    why = _run_limited(cmd, limit, EXPORT_TIMEOUT_S)
+    if why is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ModelFormatError(f"exporting {source.repo}@{commit[:12]} to ONNX failed: {why}")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     files = {
         p.relative_to(out).as_posix(): sha256_of(p) for p in sorted(out.rglob("*")) if p.is_file()
     }
     return {"path": rel, "files": files}
+
+
+def _run_limited(cmd: list[str], memory_bytes: int, timeout_s: float) -> str | None:
+    """Run ``cmd`` with an address-space limit (Linux) and a deadline; None when it succeeded,
+    else why not (its last error line, the limit it hit)."""
+    proc = subprocess.Popen(  # noqa: S603 - this interpreter, our own command line
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    with suppress(ImportError, AttributeError, OSError):
+        import resource
+
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return f"it ran past its time limit of {timeout_s:.0f} s and was stopped"
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    last = lines[-1].removeprefix("themis-clip: error: ") if lines else ""
+    if proc.returncode < 0 or "MemoryError" in err or not last:
+        return (
+            f"it stopped (exit {proc.returncode}) within its memory limit of "
+            f"{memory_bytes // 1024**2} MiB: {last or 'no message'}"
+        )
+    return last

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.catalogue import CatalogueEntry, RepoLayout, find_entry, suggest
@@ -20,13 +21,20 @@ __all__ = [
     "ResolvedModel",
     "detect_layout",
     "is_commit",
+    "listed_file",
     "parse_source",
     "select_files",
 ]
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO_ID_MAX = 96  # the Hub's own limit; the client raises a ValueError beyond it
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# One part of a repo file name: no separators or control characters, not "." or "..".
+_NAME_PART = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
+#: the largest file a listing may announce (the biggest single CLIP checkpoints are ~10 GB).
+MAX_FILE_BYTES = 64 * 1024**3
 DEFAULT_REVISION = "main"
 
 
@@ -90,6 +98,11 @@ def parse_source(text: str, *, revision: str | None = None) -> ModelSource:
     if entry is not None:
         return ModelSource(text=text, repo=entry.repo, revision=rev, entry=entry)
     if _REPO_ID.match(name) and not raw.startswith((".", "/", "~")):
+        if len(name) > _REPO_ID_MAX or "--" in name or ".." in name:
+            raise ModelNotFoundError(
+                f"not a Hub repo id: {name[:100]!r}: at most {_REPO_ID_MAX} characters, "
+                "without '--' or '..'"
+            )
         return ModelSource(text=text, repo=name, revision=rev)
     looks_like_path = (
         raw.startswith((".", "/", "~")) or os.sep in raw or raw.endswith(".onnx") or not raw
@@ -192,6 +205,31 @@ def _only_fp32(layout: str, precision: str) -> None:
         raise ModelFormatError(f"{layout} repos hold fp32 ONNX towers only; got {precision!r}")
 
 
-def is_commit(revision: str) -> bool:
+def is_commit(revision: object) -> bool:
     """Whether ``revision`` is a full commit hash (immutable: no look-up needed)."""
-    return _COMMIT.match(revision) is not None
+    return isinstance(revision, str) and _COMMIT.fullmatch(revision) is not None
+
+
+def listed_file(path: object, size: object, sha256: object, blob_id: object) -> dict[str, Any]:
+    """One entry of a Hub tree listing, checked: every value a Hub returns is untrusted.
+
+    The name must stay inside the snapshot (relative POSIX parts, no ``..``), the size is an
+    integer in ``[0, MAX_FILE_BYTES]``, the digests are hex of their length.
+
+    Raises:
+        ModelFormatError: naming the value refused.
+    """
+    shown = repr(path)[:120]
+    parts = path.split("/") if isinstance(path, str) and len(path) <= 1000 else []
+    if not parts or not all(_NAME_PART.fullmatch(p) and p not in (".", "..") for p in parts):
+        raise ModelFormatError(f"the Hub listed a file name we refuse: {shown}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_FILE_BYTES:
+        raise ModelFormatError(
+            f"the Hub listed {shown} with a size we refuse: {str(size)[:40]} "
+            f"(at most {MAX_FILE_BYTES} bytes)"
+        )
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        raise ModelFormatError(f"the Hub listed {shown} with a malformed SHA-256")
+    if not (isinstance(blob_id, str) and _COMMIT.fullmatch(blob_id)):
+        raise ModelFormatError(f"the Hub listed {shown} with a malformed git blob id")
+    return {"size": size, "blob_id": blob_id, "sha256": sha256}

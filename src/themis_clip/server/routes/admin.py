@@ -9,6 +9,7 @@ whatever it sends. ``THEMIS_ADMIN_TOKEN`` is an admin key.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from themis_clip.server.routes import ops
 from themis_clip.server.schemas import ReloadRequest
 from themis_clip.server.state import AppState, StateDep
 from themis_clip.vocabulary import ModelIdentity
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/admin", dependencies=[ADMIN])
 
@@ -157,6 +160,8 @@ async def _named_model(request: Request, state: AppState, body: ReloadRequest) -
     pulls[name] = {"state": "pulling", "error": None}
 
     async def pull_then_reload() -> None:
+        # The one boundary of a background pull: whatever ends it (ours, the client's, a
+        # library's BaseException) marks it failed with its reason, so the name can be retried.
         try:
             await asyncio.to_thread(hub.pull, name, precision=body.variant, progress=False)
             result = await _apply(state, body, name)
@@ -165,6 +170,11 @@ async def _named_model(request: Request, state: AppState, body: ReloadRequest) -
             pulls[name] = {"state": "failed", "error": exc.message}
         except ThemisClipError as exc:
             pulls[name] = {"state": "failed", "error": str(exc)}
+        except BaseException as exc:
+            pulls[name] = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
+                raise
+            log.exception("background pull of %s failed", name)
 
     tasks: set[asyncio.Task[None]] = request.app.state.__dict__.setdefault("hub_tasks", set())
     task = asyncio.create_task(pull_then_reload())
