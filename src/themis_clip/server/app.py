@@ -131,9 +131,11 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         RequestGuard,
         limits=GuardLimits(
             max_body_bytes=settings.max_body_bytes,
+            max_json_bytes=settings.max_json_bytes,
             body_idle_timeout_s=settings.body_idle_timeout_s,
             request_timeout_s=settings.request_timeout_s,
             max_bodies_in_flight_bytes=settings.max_bodies_in_flight_bytes,
+            max_requests=settings.max_requests,
         ),
         on_event=lambda name: metrics.guard_events.labels(name).inc(),
     )
