@@ -19,13 +19,13 @@ from themis_clip.server.errors import APIError
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        (b'{"n": NaN}', "not valid JSON"),
-        (b'{"n": Infinity}', "not valid JSON"),
-        (b'{"n": -Infinity}', "not valid JSON"),
+        (b'{"n": NaN}', "NaN is not valid JSON"),
+        (b'{"n": Infinity}', "Infinity is not valid JSON"),
+        (b'{"n": -Infinity}', "Infinity is not valid JSON"),
         (b'{"n": 1e400}', "infinity"),
         (b'{"s": "\xff"}', "UTF-8"),
         (b'{"s": "\xed\xa0\x80"}', "UTF-8"),  # a surrogate encoded in UTF-8 is not UTF-8
-        (b'{"s": "\\ud800"}', "surrogate"),  # a lone surrogate escape would fail on output
+        (b'{"s": "\\ud800"}', "not valid Unicode"),  # a lone surrogate would fail on output
         (b'{"s": "a"', "not valid JSON"),
         (b'{"s": "a"} trailing', "not valid JSON"),
         (b"[" * 5000 + b"]" * 5000, "nested deeper"),

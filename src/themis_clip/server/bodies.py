@@ -36,14 +36,22 @@ def parse_json(body: bytes) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        message = str(exc)
-        if message.startswith("depth limit exceeded"):
-            message = "request body is nested deeper than the JSON parser allows (1,024 levels)"
-        elif "UTF-8" in message:
-            message = f"request body is not valid UTF-8 ({message})"
-        else:
-            message = f"request body is not valid JSON: {message}"
-        raise APIError(400, "BadJSON", message) from None
+        raise APIError(400, "BadJSON", _problem(exc)) from None
+
+
+def _problem(exc: orjson.JSONDecodeError) -> str:
+    """orjson's message, with the name of what the client most likely sent."""
+    found = exc.doc[exc.pos : exc.pos + 8] if isinstance(exc.doc, str) else ""
+    constant = next((c for c in ("NaN", "Infinity") if found.startswith(c)), None)
+    if constant is not None:
+        return f"request body is not valid JSON: {constant} is not valid JSON (char {exc.pos})"
+    if exc.msg.startswith("depth limit exceeded"):
+        return "request body is nested deeper than the JSON parser allows (1,024 levels)"
+    if "UTF-8" in exc.msg:
+        return f"request body is not valid UTF-8 ({exc})"
+    if "surrogate" in exc.msg:
+        return f"request body is not valid Unicode: a lone surrogate escape ({exc})"
+    return f"request body is not valid JSON: {exc}"
 
 
 def _is_json(request: Request) -> bool:

@@ -41,6 +41,7 @@ from themis_clip.server.errors import error_response
 
 __all__ = [
     "BodyBudget",
+    "FinishBody",
     "GuardLimits",
     "Observe",
     "RequestGuard",
@@ -276,6 +277,51 @@ def _is_json(scope: Scope) -> bool:
     content_type: bytes = dict(scope.get("headers") or []).get(b"content-type", b"")
     media = content_type.split(b";")[0].strip().lower()
     return media == b"application/json" or media.endswith(b"+json")
+
+
+class FinishBody:
+    """Pure ASGI middleware, outermost: while the last piece of an answer is sent before the
+    request body has ended, what still arrives of the body is taken and dropped.
+
+    Hypercorn hands a body to the app through a short queue, and ends a request (closing the
+    connection or readying it for the next) by queueing one more message for the app, inside
+    the app's last ``send``: an answer given before the body is read (401, 413, 421) would
+    otherwise wait on a full queue for ever. Taking messages lets that one in; the body is not
+    read to its end, since the connection then closes.
+    """
+
+    def __init__(self, app: ASGIApp, idle_timeout_s: float) -> None:
+        self.app, self.idle_timeout_s = app, idle_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def tracking() -> Message:
+            nonlocal ended
+            message = await receive()
+            ended = message["type"] == "http.disconnect" or not message.get("more_body", False)
+            return message
+
+        async def drop_the_rest() -> None:
+            with contextlib.suppress(TimeoutError):
+                while not ended:
+                    await asyncio.wait_for(tracking(), self.idle_timeout_s)
+
+        async def finishing(message: Message) -> None:
+            last = message["type"] == "http.response.body" and not message.get("more_body")
+            if not last or ended:
+                await send(message)
+                return
+            dropping = asyncio.ensure_future(drop_the_rest())
+            try:
+                await send(message)
+            finally:
+                dropping.cancel()
+
+        await self.app(scope, tracking, finishing)
 
 
 class Observe:
