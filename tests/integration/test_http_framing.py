@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -265,19 +265,11 @@ def _fresh_clients_served_within(base: str, timeout_s: float) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("limits", "dropped"),
-    [
-        (["--send-timeout-s", "2"], all),  # each stalled answer times out
-        # ~1.4 MB held per stalled client: the third one over 3 MB drops the oldest
-        (["--send-timeout-s", "600", "--max-buffered-mb", "3"], any),
-    ],
-    ids=["send-timeout", "buffer-budget"],
-)
-def test_clients_that_never_read_are_dropped(
-    tiny_model_dir: Path, limits: list[str], dropped: Callable[[Iterable[bool]], bool]
-) -> None:
-    args = ["--model", str(tiny_model_dir), "--no-warmup", "--max-connections", "3", *limits]
+def test_clients_that_never_read_are_dropped(tiny_model_dir: Path) -> None:
+    """``--send-timeout-s`` is the kernel's ``TCP_USER_TIMEOUT``: a connection whose answer
+    bytes sit unsent behind a zero window that long is dropped, its buffers freed."""
+    limits = ["--send-timeout-s", "2"]
+    args = ["--model", str(tiny_model_dir), "--no-warmup", *limits]
     args += ["--max-queue", "65536"]  # all of their texts queue (no 429 answers them)
     with ServerProcess(args) as server:
         answer = len(httpx.post(f"{server.base}/embed/text", json=BIG, timeout=60).content)
@@ -290,7 +282,7 @@ def test_clients_that_never_read_are_dropped(
             _no_batch_for(server.base, 3.0, 120)
             # A dropped client's answers never all arrive (the rest of them were discarded).
             received = [len(read_all(s, timeout_s=30)) for s in stalled]
-            assert dropped(n < PIPELINED * answer for n in received), (received, answer)
+            assert all(n < PIPELINED * answer for n in received), (received, answer)
         finally:
             for s in stalled:
                 s.close()

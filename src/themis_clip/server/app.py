@@ -131,8 +131,9 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     routers += [ops.public, search.writes]
     for router in routers:
         app.include_router(router)
-    # Outermost last: FinishBody > Observe > TrustedHosts > StrictFraming > Authenticate > RequestGuard,
-    # so that nothing reads a body before the host, the framing and the key are checked.
+    # Outermost last: FinishBody > Observe > TrustedHosts > StrictFraming > Authenticate >
+    # RequestGuard, so that nothing reads a body before the host, the framing and the key are
+    # checked.
     app.add_middleware(
         RequestGuard,
         limits=GuardLimits(
