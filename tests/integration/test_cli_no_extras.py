@@ -16,7 +16,7 @@ from themis_clip.cli import _parser
 
 #: what the export, ray and postgres extras bring (the server's are blocked for ``serve``)
 BLOCKED = ("torch", "onnx", "onnxscript", "transformers", "ray", "pyarrow", "psycopg", "pgvector")
-SERVER = ("fastapi", "uvicorn", "starlette", "prometheus_client")
+SERVER = ("fastapi", "hypercorn", "starlette", "prometheus_client")
 
 SHIM = """
 import importlib.abc, sys

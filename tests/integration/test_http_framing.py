@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -120,11 +120,13 @@ def test_a_single_valued_header_sent_twice_is_refused(server: ServerProcess, nam
     request = ("POST /embed/text HTTP/1.1\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode()
     with socket.create_connection(("127.0.0.1", port_of(server))) as s:
         s.sendall(request + body)
-        reply = read_all(s)
+        reply = read_all(s)  # and closed
+    if name in ("Content-Length", "Host"):  # h11 refuses these: Hypercorn's bare 400
+        assert reply.startswith(b"HTTP/1.1 400 "), reply[:300]
+        return
     error = json_error(reply, 400)
     assert error["type"] == "BadRequest", error
-    if name in ("Content-Type", "Authorization"):  # h11 itself refuses the other two
-        assert f"more than one {name}" in error["message"], error
+    assert f"more than one {name}" in error["message"], error
 
 
 @pytest.mark.parametrize(
@@ -136,11 +138,13 @@ def test_a_single_valued_header_sent_twice_is_refused(server: ServerProcess, nam
         b"GET /healthz HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
     ],
 )
-def test_framing_errors_are_json(server: ServerProcess, request_bytes: bytes) -> None:
+def test_framing_errors_are_refused_and_closed(server: ServerProcess, request_bytes: bytes) -> None:
+    """What h11 cannot parse gets Hypercorn's own answer: 400, no body, connection closed."""
     with socket.create_connection(("127.0.0.1", port_of(server))) as s:
         s.sendall(request_bytes)
-        reply = read_all(s)
-    assert json_error(reply, 400)["type"] == "BadRequest"
+        reply = read_all(s)  # fails if the connection stays open
+    assert reply.startswith(b"HTTP/1.1 400 "), reply[:300]
+    assert b"connection: close" in reply.lower()
 
 
 def test_multipart_media_type_is_case_insensitive(server: ServerProcess) -> None:
@@ -261,19 +265,11 @@ def _fresh_clients_served_within(base: str, timeout_s: float) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("limits", "dropped"),
-    [
-        (["--send-timeout-s", "2"], all),  # each stalled answer times out
-        # ~1.4 MB held per stalled client: the third one over 3 MB drops the oldest
-        (["--send-timeout-s", "600", "--max-buffered-mb", "3"], any),
-    ],
-    ids=["send-timeout", "buffer-budget"],
-)
-def test_clients_that_never_read_are_dropped(
-    tiny_model_dir: Path, limits: list[str], dropped: Callable[[Iterable[bool]], bool]
-) -> None:
-    args = ["--model", str(tiny_model_dir), "--no-warmup", "--max-connections", "3", *limits]
+def test_clients_that_never_read_are_dropped(tiny_model_dir: Path) -> None:
+    """``--send-timeout-s`` is the kernel's ``TCP_USER_TIMEOUT``: a connection whose answer
+    bytes sit unsent behind a zero window that long is dropped, its buffers freed."""
+    limits = ["--send-timeout-s", "2"]
+    args = ["--model", str(tiny_model_dir), "--no-warmup", *limits]
     args += ["--max-queue", "65536"]  # all of their texts queue (no 429 answers them)
     with ServerProcess(args) as server:
         answer = len(httpx.post(f"{server.base}/embed/text", json=BIG, timeout=60).content)
@@ -286,7 +282,7 @@ def test_clients_that_never_read_are_dropped(
             _no_batch_for(server.base, 3.0, 120)
             # A dropped client's answers never all arrive (the rest of them were discarded).
             received = [len(read_all(s, timeout_s=30)) for s in stalled]
-            assert dropped(n < PIPELINED * answer for n in received), (received, answer)
+            assert all(n < PIPELINED * answer for n in received), (received, answer)
         finally:
             for s in stalled:
                 s.close()
@@ -392,7 +388,8 @@ def test_a_content_coding_is_refused_by_name(server: ServerProcess) -> None:
 
 
 def test_admin_without_keys_refuses_before_the_body(server: ServerProcess) -> None:
-    """The open loopback demo too: ``/admin/*`` answers at once, no ``100 Continue``."""
+    """The open loopback demo too: ``/admin/*`` answers at once and closes, the body unread.
+    (Hypercorn sends its interim ``100`` as soon as the headers parse; the refusal follows.)"""
     head = (
         b"POST /admin/reload HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\n"
         b"Expect: 100-continue\r\nContent-Length: " + str(19 * 2**20).encode() + b"\r\n\r\n"
@@ -400,5 +397,6 @@ def test_admin_without_keys_refuses_before_the_body(server: ServerProcess) -> No
     with socket.create_connection(("127.0.0.1", port_of(server))) as s:
         s.sendall(head)
         reply = read_all(s)  # closed: the body is never read
-    assert b"100 Continue" not in reply
+    if reply.startswith(b"HTTP/1.1 100 "):
+        reply = reply.partition(b"\r\n\r\n")[2]
     assert json_error(reply, 403)["type"] == "Forbidden"  # no admin token configured

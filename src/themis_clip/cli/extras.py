@@ -13,7 +13,8 @@ __all__ = ["EXTRA_OF", "missing_extra"]
 #: top-level module → the extra of ``pyproject.toml`` that installs it
 EXTRA_OF: dict[str, str] = {
     "fastapi": "server",
-    "uvicorn": "server",
+    "hypercorn": "server",
+    "orjson": "server",
     "prometheus_client": "server",
     "multipart": "server",
     "python_multipart": "server",

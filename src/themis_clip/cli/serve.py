@@ -10,16 +10,16 @@ turn on TLS.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import os
 import shlex
-import signal
 import socket
 import ssl
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from themis_clip.cli.common import (
     DEFAULT_INDEX,
@@ -56,19 +56,33 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--max-queue-delay-ms", type=float, default=5.0, help="batch fill wait")
     p.add_argument("--request-timeout-s", type=float, default=30.0, help="504 beyond this")
-    p.add_argument("--max-body-mb", type=float, default=20.0, help="413 beyond this")
     p.add_argument(
-        "--header-timeout-s", type=float, default=10.0, help="close connections slower than this"
+        "--max-body-mb", type=float, default=20.0, help="413 beyond this (a raw or multipart image)"
+    )
+    p.add_argument(
+        "--max-json-mb",
+        type=float,
+        default=16.0,
+        help="413 for a larger JSON body (four 12 MP photos as data URLs: 15 MiB)",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=10.0,
+        help="close a connection that sends no complete request headers this long "
+        "(new or kept alive)",
     )
     p.add_argument(
         "--body-idle-timeout-s", type=float, default=10.0, help="408 after this much silence"
     )
-    p.add_argument("--keep-alive-s", type=float, default=5.0, help="idle keep-alive connections")
     p.add_argument(
         "--max-labels", type=int, default=1024, help="labels per /v1/classify, candidates per /rank"
     )
     p.add_argument(
-        "--max-connections", type=int, default=1000, help="connections at once (503 beyond)"
+        "--max-connections",
+        type=int,
+        default=1000,
+        help="requests in progress at once (JSON 503 beyond)",
     )
     p.add_argument(
         "--max-image-pixels", type=int, help="refuse larger images (default 178,956,970)"
@@ -83,13 +97,7 @@ def register(sub: Any) -> None:
         "--send-timeout-s",
         type=float,
         default=30.0,
-        help="drop a client that leaves its answer undrained this long",
-    )
-    p.add_argument(
-        "--max-buffered-mb",
-        type=float,
-        default=256.0,
-        help="answer bytes all connections may hold unsent (stalled ones dropped beyond)",
+        help="drop a client that takes no answer bytes this long (TCP_USER_TIMEOUT)",
     )
     p.add_argument(
         "--max-bodies-mb",
@@ -126,23 +134,24 @@ def _index_path(args: argparse.Namespace) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn  # a missing server extra: one message at the CLI edge (cli/extras.py)
+    # A missing server extra: one message at the CLI edge (cli/extras.py).
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+    from hypercorn.typing import ASGIFramework
 
     from themis_clip.server import ServerSettings, create_app
-    from themis_clip.server.protocol import guarded_h11
 
     positive = (
         "max_queue",
         "max_queue_delay_ms",
         "request_timeout_s",
         "max_body_mb",
+        "max_json_mb",
         "header_timeout_s",
         "body_idle_timeout_s",
-        "keep_alive_s",
         "max_connections",
         "max_labels",
         "send_timeout_s",
-        "max_buffered_mb",
         "max_bodies_mb",
     )
     for name in positive:
@@ -163,8 +172,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise CLIError(str(exc).replace("preprocess.", "--").replace("_", "-")) from exc
     index_path = _index_path(args)
     search_settings = graph_settings(args)
-    # Start-up work that can fail happens here, before uvicorn: a failure inside its lifespan
-    # is a traceback; here it is one message and exit code 2.
+    # Start-up work that can fail happens here, before the server starts: a failure inside its
+    # lifespan is a traceback; here it is one message and exit code 2.
     if index_path:
         local = not index_path.startswith(("postgresql://", "postgres://"))
         if local and not args.new_index and not Path(index_path).exists():
@@ -183,62 +192,61 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         keys_file=args.keys,
         allowed_hosts=_allowed_hosts(args),
         max_body_bytes=int(args.max_body_mb * 2**20),
+        max_json_bytes=int(args.max_json_mb * 2**20),
         max_bodies_in_flight_bytes=int(args.max_bodies_mb * 2**20),
-        send_timeout_s=args.send_timeout_s,
-        max_buffered_response_bytes=int(args.max_buffered_mb * 2**20),
         max_queue=args.max_queue,
         max_queue_delay_ms=args.max_queue_delay_ms,
         request_timeout_s=args.request_timeout_s,
         body_idle_timeout_s=args.body_idle_timeout_s,
-        header_timeout_s=args.header_timeout_s,
-        keep_alive_s=args.keep_alive_s,
-        max_connections=args.max_connections,
+        max_requests=args.max_connections,
         max_labels=args.max_labels,
         warmup=not args.no_warmup,
     )
     plugin = start_plugin(args, settings.plugin_config)
-    # uvicorn drains in-flight requests on SIGTERM, restores the previous handler and re-raises
-    # the signal; a no-op handler makes that graceful stop end with exit code 0, not -15.
-    signal.signal(signal.SIGTERM, lambda *_: None)
     # Bind here, so that --port 0 picks a free port and the line below says which (tests and
     # supervisors read it; nothing races for a port between choosing and binding it).
-    sock = listening_socket(args.host, args.port)
-    family = sock.family
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings, plugin=plugin),
-            log_level="info" if args.verbose else "warning",
-            timeout_graceful_shutdown=int(args.request_timeout_s) + 5,
-            http=guarded_h11(
-                settings.header_timeout_s,
-                settings.max_connections,
-                send_timeout_s=settings.send_timeout_s,
-                max_buffered_bytes=settings.max_buffered_response_bytes,
-            ),
-            timeout_keep_alive=max(1, round(settings.keep_alive_s)),
-            ssl_certfile=tls[0] if tls else None,
-            ssl_keyfile=tls[1] if tls else None,
-        )
-    )
-    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    sock = listening_socket(args.host, args.port, send_timeout_s=args.send_timeout_s)
+    host = f"[{args.host}]" if sock.family == socket.AF_INET6 else args.host
+    port = sock.getsockname()[1]
+    server = Config()
+    server.bind = [f"fd://{sock.detach()}"]  # Hypercorn owns the socket from here
+    # Hypercorn's one idle timer runs from a connection's start and from each answer until the
+    # next request's headers are complete: it is the header timeout and the keep-alive timeout.
+    server.keep_alive_timeout = args.header_timeout_s
+    server.graceful_timeout = args.request_timeout_s + 5  # in-flight requests finish on SIGTERM
+    server.include_server_header = False
+    server.alpn_protocols = ["http/1.1"]  # HTTP/2 is not offered over TLS (one tested path)
+    server.backlog = 2048
+    server.loglevel = "INFO" if args.verbose else "WARNING"
+    server.accesslog = "-" if args.verbose else None
+    if tls:
+        server.certfile, server.keyfile = tls
     scheme = "https" if tls else "http"
-    print(f"themis-clip: listening on {scheme}://{host}:{sock.getsockname()[1]}", file=sys.stderr)
+    print(f"themis-clip: listening on {scheme}://{host}:{port}", file=sys.stderr)
     sys.stderr.flush()
-    server.run(sockets=[sock])
+    # SIGINT and SIGTERM stop it gracefully (Hypercorn's own handlers); then exit code 0.
+    app = cast("ASGIFramework", create_app(settings, plugin=plugin))  # Starlette's ASGI types
+    asyncio.run(serve(app, server, mode="asgi"))
+    print("themis-clip: stopped (requests in flight were finished)", file=sys.stderr)
     return 0
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket whose accepted connections get ``TCP_NODELAY``.
+def listening_socket(host: str, port: int, *, send_timeout_s: float = 30.0) -> socket.socket:
+    """A bound, listening TCP socket whose accepted connections inherit its options.
 
-    asyncio sets ``TCP_NODELAY`` on an accepted socket only when its ``proto`` is
+    ``TCP_NODELAY``: asyncio sets it on an accepted socket only when its ``proto`` is
     ``IPPROTO_TCP``; ``socket.socket(family, SOCK_STREAM)`` leaves it 0, and every keep-alive
     answer then waits out Nagle plus the client's delayed ACK (about 40 ms).
+    ``TCP_USER_TIMEOUT`` (Linux): the kernel drops a connection whose sent bytes stay
+    unacknowledged, or unsent behind a zero window (a client that never reads), for
+    ``send_timeout_s``, which frees what the server buffered for it.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(send_timeout_s * 1000))
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -290,7 +298,7 @@ def _tls(args: argparse.Namespace) -> tuple[str, str] | None:
         return None
     if not (cert and key):
         raise CLIError("TLS needs both --ssl-certfile and --ssl-keyfile")
-    try:  # fail here, with a message, rather than inside uvicorn's startup
+    try:  # fail here, with a message, rather than inside the server's startup
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
         raise CLIError(f"cannot use the TLS certificate/key: {exc}") from exc

@@ -29,7 +29,13 @@ from themis_clip.server.access import Authenticate, TrustedHosts, route_scopes
 from themis_clip.server.auth import KeyStore
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics, lag_period, watch_loop_lag
-from themis_clip.server.middleware import GuardLimits, Observe, RequestGuard, StrictFraming
+from themis_clip.server.middleware import (
+    FinishBody,
+    GuardLimits,
+    Observe,
+    RequestGuard,
+    StrictFraming,
+)
 from themis_clip.server.routes import admin, classify, docs, duplicates, embeddings, ops, search
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState, text_batch_fn
@@ -127,15 +133,18 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     routers += [ops.public, search.writes]
     for router in routers:
         app.include_router(router)
-    # Outermost last: Observe > TrustedHosts > StrictFraming > Authenticate > RequestGuard,
-    # so that nothing reads a body before the host, the framing and the key are checked.
+    # Outermost last: FinishBody > Observe > TrustedHosts > StrictFraming > Authenticate >
+    # RequestGuard, so that nothing reads a body before the host, the framing and the key are
+    # checked.
     app.add_middleware(
         RequestGuard,
         limits=GuardLimits(
             max_body_bytes=settings.max_body_bytes,
+            max_json_bytes=settings.max_json_bytes,
             body_idle_timeout_s=settings.body_idle_timeout_s,
             request_timeout_s=settings.request_timeout_s,
             max_bodies_in_flight_bytes=settings.max_bodies_in_flight_bytes,
+            max_requests=settings.max_requests,
         ),
         on_event=lambda name: metrics.guard_events.labels(name).inc(),
     )
@@ -151,6 +160,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     app.add_middleware(StrictFraming)
     if settings.allowed_hosts is not None:
         app.add_middleware(TrustedHosts, allowed=settings.allowed_hosts)
-    app.add_middleware(Observe, record=metrics.observe)  # outermost: the guard's answers count
+    app.add_middleware(Observe, record=metrics.observe)  # the guard's answers count
+    app.add_middleware(FinishBody, idle_timeout_s=settings.body_idle_timeout_s)  # outermost
     install_error_handlers(app, metrics, settings.request_timeout_s)
     return app

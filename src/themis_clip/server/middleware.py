@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: strict framing, the request guard (body, JSON, deadline, disconnects,
+"""Pure ASGI middleware: strict framing, the request guard (body, deadline, disconnects,
 last-resort errors) and request observation.
 
 :class:`StrictFraming` answers 400 (and closes) a request whose framing is ambiguous: both
@@ -10,20 +10,20 @@ boundary are kept as sent), so every route compares media types one way.
 
 :class:`RequestGuard` is the outermost layer of the app. For every HTTP request it
 
+* answers a JSON 503 (``Retry-After``, connection closed) beyond ``max_requests`` requests in
+  progress;
 * reads the whole body first, with a limit (413 whether the size was declared or streamed in
-  chunks), an idle timeout between chunks (408: a body shorter than its ``Content-Length``
-  is answered, not waited on forever) and a budget for all bodies held at once (503 with
-  ``Retry-After`` beyond it: many stalled large uploads cannot hold the memory);
-* parses a JSON body once, off the event loop (a large one in a child process, handed back in
-  slices: :mod:`.bodyjson`), as strict JSON (valid UTF-8, no NaN/Infinity, no duplicate keys,
-  nesting within the parser's bound), answering 400 ``BadJSON`` naming the problem otherwise;
-  routes built with :class:`PreparsedJSONRoute` take that parsed value, and a large one is
-  freed a slice at a time when the request ends;
+  chunks; JSON bodies have their own, smaller one), an idle timeout between chunks (408: a
+  body shorter than its ``Content-Length`` is answered, not waited on forever) and a budget
+  for all bodies held at once (503 with ``Retry-After`` beyond it: many stalled large uploads
+  cannot hold the memory);
 * runs the app under the request deadline (504 when it passes) and cancels it when the client
   disconnects, so that queued work whose caller is gone is dropped (see
   :mod:`themis_clip.batching`);
 * answers any exception that escapes the app with the documented JSON 500 body, keeping the
   connection usable, and logs it with its traceback.
+
+JSON bodies are parsed by the routes that take them (:mod:`.bodies`).
 """
 
 from __future__ import annotations
@@ -32,24 +32,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from fastapi import Request, Response
-from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from themis_clip.jsonio import parse_body
-from themis_clip.server.bodyjson import OFF_PROCESS_BYTES, large_bodies
 from themis_clip.server.errors import error_response
 
 __all__ = [
-    "PARSED_JSON",
     "BodyBudget",
+    "FinishBody",
     "GuardLimits",
     "Observe",
-    "PreparsedJSONRoute",
     "RequestGuard",
     "StrictFraming",
 ]
@@ -60,12 +54,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class GuardLimits:
     max_body_bytes: int = 20 * 2**20
+    #: a JSON body's limit (images in bulk travel as raw or multipart bodies)
+    max_json_bytes: int = 16 * 2**20
     body_idle_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
-    #: routes that must authenticate before anything looks at the body (they parse it)
-    unchecked_prefixes: tuple[str, ...] = ("/admin/",)
     #: request-body bytes all requests together may hold (declared or received)
     max_bodies_in_flight_bytes: int = 256 * 2**20
+    #: requests in progress at once (a JSON 503 beyond)
+    max_requests: int = 1000
 
 
 class BodyBudget:
@@ -96,7 +92,7 @@ class RequestGuard:
     """The outermost layer: whole body read under limits, strict JSON, deadline, cancellation.
 
     ``on_event(name)`` counts what the guard did (``body_timeout``, ``disconnect``,
-    ``deadline``, ``internal_error``) for the metrics.
+    ``deadline``, ``internal_error``, ``body_budget``, ``too_many_requests``) for the metrics.
     """
 
     def __init__(
@@ -107,24 +103,30 @@ class RequestGuard:
     ) -> None:
         self.app, self.limits = app, limits
         self.on_event = on_event or (lambda _: None)
-        self._parse_lock = asyncio.Lock()
         self.budget = BodyBudget(limits.max_bodies_in_flight_bytes)
+        self.in_progress = 0  # requests this guard is handling (one event loop: no lock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        large_bodies().start_soon()  # the parsing process, before a large body needs it
+        if self.in_progress >= self.limits.max_requests:
+            self.on_event("too_many_requests")
+            busy = error_response(
+                503,
+                "TooManyConnections",
+                "too many requests in progress; retry",
+                {"Retry-After": "1", "Connection": "close"},
+            )
+            await busy(scope, receive, send)
+            return
+        self.in_progress += 1
         held = [0]  # body bytes this request holds against the budget
         try:
             await self._handle(scope, receive, send, held)
         finally:
+            self.in_progress -= 1
             self.budget.give(held[0])
-            scope.pop(PARSED_JSON, None)
-            scope.pop(_RAW, None)
-            built = scope.pop(_LARGE, None)
-            if built is not None:  # freed a slice at a time, not in one cascade here
-                await large_bodies().release(built)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, held: list[int]) -> None:
         started = False
@@ -157,16 +159,6 @@ class RequestGuard:
             self.on_event("body_timeout")
             await answer(408, "RequestTimeout", str(exc), close=True)
             return
-        checked = not str(scope.get("path", "")).startswith(self.limits.unchecked_prefixes)
-        if checked and body and _is_json(scope):
-            # Parsed once, off the event loop; the routes receive this value (PreparsedJSONRoute)
-            # instead of parsing the body a second time.
-            problem, value, built = await self._parse(body)
-            if problem is not None:
-                await answer(400, "BadJSON", problem)
-                return
-            scope[PARSED_JSON], scope[_LARGE], scope[_RAW] = value, built, body
-            del value
 
         disconnected = asyncio.Event()
         delivered = False
@@ -175,7 +167,6 @@ class RequestGuard:
             nonlocal delivered
             if not delivered:
                 delivered = True
-                # bytes, as ASGI says (a preparsed route never asks: it has the body already)
                 return {"type": "http.request", "body": bytes(body), "more_body": False}
             await disconnected.wait()
             return {"type": "http.disconnect"}
@@ -218,17 +209,6 @@ class RequestGuard:
             if not app_task.done():
                 app_task.cancel()
 
-    async def _parse(self, body: bytearray) -> tuple[str | None, Any, list[Any] | None]:
-        """``(problem, value, built)``; ``__call__`` releases a value with ``built``."""
-        if len(body) < _OFF_LOOP_BYTES:
-            return (*parse_body(body), None)
-        if len(body) >= OFF_PROCESS_BYTES:
-            return await large_bodies().parse(body)
-        # One parser thread: the parse holds the GIL (C code), so that the event loop waits for
-        # at most one parse at a time, never for several running side by side.
-        async with self._parse_lock:
-            return (*await asyncio.to_thread(parse_body, body), None)
-
     def _take(self, n: int, held: list[int]) -> None:
         if not self.budget.take(n):
             raise _BudgetError(
@@ -242,10 +222,18 @@ class RequestGuard:
     ) -> bytearray:
         """The whole body, grown a chunk at a time (a 20 MB ``b"".join`` at the end held the
         event loop for 5-30 ms: the copy and the page faults of fresh memory in one go)."""
-        limit = self.limits.max_body_bytes
+        if _is_json(scope):
+            limit = self.limits.max_json_bytes
+            too_large = (
+                f"JSON request body over {limit} bytes (send images in bulk as raw or "
+                "multipart bodies: POST /embed/image)"
+            )
+        else:
+            limit = self.limits.max_body_bytes
+            too_large = f"request body over {limit} bytes"
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise _TooLargeError(f"request body over {limit} bytes")
+            raise _TooLargeError(too_large)
         ceiling = int(declared) if declared is not None and declared.isdigit() else limit
         if declared is not None and declared.isdigit():
             # Reserved before a byte is buffered, but no more than RESERVED_AHEAD beyond what
@@ -269,7 +257,7 @@ class RequestGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
-                raise _TooLargeError(f"request body over {limit} bytes")
+                raise _TooLargeError(too_large)
             if size > held[0]:  # past the reservation: what arrived, and the next stretch
                 self._take(size - held[0] + max(0, min(RESERVED_AHEAD, ceiling - size)), held)
             body += chunk
@@ -285,38 +273,55 @@ class _TooLargeError(Exception):
 RESERVED_AHEAD = 1 << 20
 
 
-#: bodies from this size on are parsed in a worker thread (smaller ones parse in microseconds)
-_OFF_LOOP_BYTES = 1 << 16
-#: the scope key under which the guard leaves a request's parsed JSON body
-PARSED_JSON = "themis.json"
-#: the large containers of a body from the child process (freed when the request ends)
-_LARGE = "themis.json.large"
-#: the raw body of a parsed JSON request (PreparsedJSONRoute hands it to Starlette)
-_RAW = "themis.body"
-
-
 def _is_json(scope: Scope) -> bool:
     content_type: bytes = dict(scope.get("headers") or []).get(b"content-type", b"")
     media = content_type.split(b";")[0].strip().lower()
     return media == b"application/json" or media.endswith(b"+json")
 
 
-class PreparsedJSONRoute(APIRoute):
-    """A route that takes the body the guard already parsed (FastAPI would parse it again, on
-    the event loop: two full parses of a 20 MB body stalled every other request)."""
+class FinishBody:
+    """Pure ASGI middleware, outermost: while the last piece of an answer is sent before the
+    request body has ended, what still arrives of the body is taken and dropped.
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+    Hypercorn hands a body to the app through a short queue, and ends a request (closing the
+    connection or readying it for the next) by queueing one more message for the app, inside
+    the app's last ``send``: an answer given before the body is read (401, 413, 421) would
+    otherwise wait on a full queue for ever. Taking messages lets that one in; the body is not
+    read to its end, since the connection then closes.
+    """
 
-        async def preparsed(request: Request) -> Response:
-            if PARSED_JSON in request.scope:
-                # Starlette's own caches of ``Request.json()`` and ``Request.body()``: FastAPI
-                # reads them, instead of joining the body again (a 20 MB copy on the loop).
-                request._json = request.scope[PARSED_JSON]
-                request._body = request.scope[_RAW]
-            return await handler(request)
+    def __init__(self, app: ASGIApp, idle_timeout_s: float) -> None:
+        self.app, self.idle_timeout_s = app, idle_timeout_s
 
-        return preparsed
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ended = False
+
+        async def tracking() -> Message:
+            nonlocal ended
+            message = await receive()
+            ended = message["type"] == "http.disconnect" or not message.get("more_body", False)
+            return message
+
+        async def drop_the_rest() -> None:
+            with contextlib.suppress(TimeoutError):
+                while not ended:
+                    await asyncio.wait_for(tracking(), self.idle_timeout_s)
+
+        async def finishing(message: Message) -> None:
+            last = message["type"] == "http.response.body" and not message.get("more_body")
+            if not last or ended:
+                await send(message)
+                return
+            dropping = asyncio.ensure_future(drop_the_rest())
+            try:
+                await send(message)
+            finally:
+                dropping.cancel()
+
+        await self.app(scope, tracking, finishing)
 
 
 class Observe:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
-import io
-from collections.abc import Generator
 
 from themis_clip.interface import EmbeddingResult
-from themis_clip.server.bodyjson import run_in_slices, run_to_end
 from themis_clip.server.errors import APIError, retry_headers, status_for_name
 
 __all__ = [
@@ -24,10 +22,7 @@ __all__ = [
 
 _URL_SCHEMES = ("http://", "https://", "file:", "ftp://", "ftps://", "s3://", "gs://")
 _WHITESPACE = str.maketrans("", "", " \t\r\n")
-#: base64 is decoded this many characters at a time (a multiple of 4): each piece is one short
-#: C call (well under a millisecond), and the event loop serves other requests in between
-_B64_PIECE = 1 << 18
-#: fields at least this long are decoded a piece at a time (decode_image_fields)
+#: fields at least this long in all are decoded in a worker thread (decode_image_fields)
 _OFF_LOOP_CHARS = 1 << 16
 
 
@@ -35,13 +30,9 @@ def decode_image_field(value: str) -> bytes:
     """Bytes from a data URL or bare base64; URLs are refused (the server never fetches).
 
     Schemes compare case-insensitively (``HTTP://`` is a URL too); a data URL must declare an
-    image MIME type (or none); base64 may be wrapped in lines (MIME's 76-column form).
+    image MIME type (or none); base64 may be wrapped in lines (MIME's 76-column form), and
+    padding may only end it.
     """
-    return run_to_end(_image_steps(value))
-
-
-def _image_steps(value: str) -> Generator[None, None, bytes]:
-    """:func:`decode_image_field` as steps (a generator yielding between base64 pieces)."""
     head = value[:16].lstrip().lower()
     if head.startswith(_URL_SCHEMES):
         raise APIError(
@@ -64,8 +55,11 @@ def _image_steps(value: str) -> Generator[None, None, bytes]:
                 f"data URL declares {mime[:64]!r}, not an image type (image/*)",
             )
         start = comma + 1
+    payload = value[start:]
+    if any(c in payload for c in " \t\r\n"):  # a scan per character is fast; translate is not
+        payload = payload.translate(_WHITESPACE)
     try:
-        data = yield from _b64_steps(value, start)
+        data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise APIError(400, "BadBase64", "image is not valid base64") from None
     if not data:
@@ -73,48 +67,11 @@ def _image_steps(value: str) -> Generator[None, None, bytes]:
     return data
 
 
-def _b64_steps(value: str, start: int) -> Generator[None, None, bytes]:
-    """Strict base64 (whitespace ignored) of ``value[start:]``, a piece at a time. Padding
-    may only end the data: a piece is checked on its own, so '=' followed by more is refused
-    here.
-
-    The pieces are written into one buffer made up front (``bytes(n)``: zeroed pages the
-    system maps only when written), each into its own place, and that buffer is the result:
-    a join at the end would copy every byte again in one call that holds the GIL (~10 ms for
-    15 MB, most of it faulting in fresh pages), stalling the event loop that long.
-    """
-    # io.BytesIO writes into the bytes object it was given while it holds the only reference,
-    # and getvalue() returns that object (copied only where the runtime cannot share it).
-    out = io.BytesIO(bytes((len(value) - start) // 4 * 3))
-    carry, padded = "", False
-    for i in range(start, len(value), _B64_PIECE):
-        piece = value[i : i + _B64_PIECE]
-        if any(c in piece for c in " \t\r\n"):
-            piece = piece.translate(_WHITESPACE)
-        piece = carry + piece
-        cut = len(piece) - len(piece) % 4
-        piece, carry = piece[:cut], piece[cut:]
-        if not piece:
-            continue
-        if padded:
-            raise binascii.Error("data after the padding")
-        padded = "=" in piece[-2:]
-        out.write(base64.b64decode(piece, validate=True))
-        yield
-    if carry:
-        raise binascii.Error("incorrect padding")
-    out.truncate()  # whitespace and padding made it shorter than the estimate
-    return out.getvalue()
-
-
 async def decode_image_fields(values: list[str]) -> list[bytes]:
-    """:func:`decode_image_field` of each value; large ones a piece at a time on the event
-    loop, which serves other requests between pieces (a 20 MB field decoded in one go held
-    up every other request for ~60 ms; in a worker thread, for a GIL switch interval at a
-    time)."""
+    """:func:`decode_image_field` of each value; large ones in a worker thread."""
     if sum(len(v) for v in values) < _OFF_LOOP_CHARS:
         return [decode_image_field(v) for v in values]
-    return [await run_in_slices(_image_steps(v)) for v in values]
+    return await asyncio.to_thread(lambda: [decode_image_field(v) for v in values])
 
 
 #: an item id's picture routes: an id ending so would be read as another item's picture

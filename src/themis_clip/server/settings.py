@@ -28,12 +28,10 @@ class ServerSettings:
         allowed_hosts: the names the server answers for in ``Host`` (others get 421;
             ``*.example.com`` and ``*`` work; None: any, as tests built on the app use).
         max_body_bytes: larger request bodies get 413.
+        max_json_bytes: larger JSON bodies get 413 (images in bulk travel as raw or multipart
+            bodies; the default holds four 12 MP photos as data URLs).
         max_bodies_in_flight_bytes: request-body bytes all requests may hold at once, declared
             lengths reserved up front (503 with ``Retry-After`` beyond it).
-        send_timeout_s: a client that leaves an answer undrained (the write buffer over its
-            high-water mark) this long is dropped, its buffered bytes freed.
-        max_buffered_response_bytes: answer bytes all connections may hold in write buffers;
-            beyond it the connections stalled longest are dropped.
         max_queue: waiting items per batcher before 429 (a request with more items than this
             gets 413; the default holds the largest request twice: 2,048 texts).
         max_queue_delay_ms: how long a request waits for its batch to fill.
@@ -41,11 +39,8 @@ class ServerSettings:
             queued work is dropped); also the model's ``session.run_timeout_s`` unless the
             config sets one, so that a session run cannot outlive its requests.
         body_idle_timeout_s: longest silence while a request body arrives (408 beyond it).
-        header_timeout_s: time a connection has to send complete request headers, the first
-            request's and each keep-alive request's (closed beyond it).
-        keep_alive_s: how long an idle keep-alive connection stays open.
-        max_connections: connections open at once; beyond it a new one gets a JSON 503 and
-            is closed.
+        max_requests: requests in progress at once; beyond it a new one gets a JSON 503 and
+            its connection is closed.
         max_labels: most labels per ``/v1/classify`` and candidates per ``/rank`` (422 beyond).
         warmup: run ``plugin.warmup()`` before ``/readyz`` turns ready.
     """
@@ -59,16 +54,13 @@ class ServerSettings:
     keys_file: str | None = None
     allowed_hosts: tuple[str, ...] | None = None
     max_body_bytes: int = 20 * 2**20
+    max_json_bytes: int = 16 * 2**20
     max_bodies_in_flight_bytes: int = 256 * 2**20
-    send_timeout_s: float = 30.0
-    max_buffered_response_bytes: int = 256 * 2**20
     max_queue: int = 4096
     max_queue_delay_ms: float = 5.0
     request_timeout_s: float = 30.0
     body_idle_timeout_s: float = 10.0
-    header_timeout_s: float = 10.0
-    keep_alive_s: float = 5.0
-    max_connections: int = 1000
+    max_requests: int = 1000
     max_labels: int = 1024
     warmup: bool = True
 

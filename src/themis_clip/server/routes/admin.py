@@ -16,12 +16,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from themis_clip.errors import IndexModelMismatchError, ModelNotFoundError, ThemisClipError
 from themis_clip.models import hub
 from themis_clip.server.access import ADMIN
-from themis_clip.server.errors import APIError, validation_message
+from themis_clip.server.bodies import documented, read_model
+from themis_clip.server.errors import APIError
 from themis_clip.server.routes import ops
 from themis_clip.server.schemas import ReloadRequest
 from themis_clip.server.state import AppState, StateDep
@@ -30,14 +30,6 @@ from themis_clip.vocabulary import ModelIdentity
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/admin", dependencies=[ADMIN])
-
-
-async def _body(request: Request) -> ReloadRequest:
-    try:
-        return ReloadRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        status, kind, message = validation_message(list(exc.errors()))
-        raise APIError(status, kind, message) from None
 
 
 @router.get("/stats")
@@ -56,9 +48,9 @@ async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     return out
 
 
-@router.post("/reload")
+@router.post("/reload", openapi_extra=documented(ReloadRequest))
 async def reload(request: Request, state: StateDep) -> Any:
-    body = await _body(request)
+    body = await read_model(request, ReloadRequest)
     settings = state.settings
     if (body.path is None) == (body.model is None):
         raise APIError(

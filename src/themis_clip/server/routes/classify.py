@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 
 from themis_clip.server.access import SEARCH
+from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
-from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import check_key, check_text, decode_image_fields, raise_for
 from themis_clip.server.schemas import ClassifyRequest, RankRequest
 from themis_clip.server.state import StateDep
 from themis_clip.zeroshot import check_labels
 
-router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
+router = APIRouter(dependencies=[SEARCH])
 
 #: labels embedded per step of a large /v1/classify (see ``classify``)
 LABEL_PIECE = 64
 
 
-@router.post("/v1/classify")
-async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
+@router.post("/v1/classify", openapi_extra=documented(ClassifyRequest))
+async def classify(
+    body: Annotated[ClassifyRequest, json_body(ClassifyRequest)], state: StateDep
+) -> dict[str, Any]:
     """Per-label probabilities for one image (``image``) or an indexed item (``item``).
 
     Softmax over the labels for CLIP models, an independent sigmoid per label for models that
@@ -89,8 +91,10 @@ async def classify(body: ClassifyRequest, state: StateDep) -> dict[str, Any]:
     }
 
 
-@router.post("/rank")
-async def rank(body: RankRequest, state: StateDep) -> dict[str, Any]:
+@router.post("/rank", openapi_extra=documented(RankRequest))
+async def rank(
+    body: Annotated[RankRequest, json_body(RankRequest)], state: StateDep
+) -> dict[str, Any]:
     """``text`` with ``images``, or ``image`` with ``texts``: candidates best first, with their
     cosine and the model's probability (softmax over the candidates, or SigLIP's sigmoid)."""
     plugin = state.require_ready()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, Response
 
@@ -14,13 +14,13 @@ from themis_clip.interface import EmbeddingResult
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import SEARCH
+from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
-from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import decode_image_fields, raise_for, vector
 from themis_clip.server.schemas import OpenAIEmbeddingsRequest, TextRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
+router = APIRouter(dependencies=[SEARCH])
 
 MAX_INPUTS = 2048
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -158,9 +158,11 @@ def _is_image(inputs: list[str], modality: str | None) -> list[bool]:
     return images
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", openapi_extra=documented(OpenAIEmbeddingsRequest))
 async def openai_embeddings(
-    body: OpenAIEmbeddingsRequest, state: StateDep, response: Response
+    body: Annotated[OpenAIEmbeddingsRequest, json_body(OpenAIEmbeddingsRequest)],
+    state: StateDep,
+    response: Response,
 ) -> dict[str, Any]:
     inputs = _inputs(body)
     plugin = state.require_ready()
@@ -254,8 +256,10 @@ async def embed_image(request: Request, state: StateDep) -> dict[str, Any]:
     }
 
 
-@router.post("/embed/text")
-async def embed_text(body: TextRequest, state: StateDep) -> dict[str, Any]:
+@router.post("/embed/text", openapi_extra=documented(TextRequest))
+async def embed_text(
+    body: Annotated[TextRequest, json_body(TextRequest)], state: StateDep
+) -> dict[str, Any]:
     if (body.text is None) == (body.texts is None):
         raise APIError(422, "ValidationError", "give exactly one of 'text' or 'texts'")
     texts = [body.text] if body.text is not None else list(body.texts or [])

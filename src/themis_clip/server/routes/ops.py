@@ -12,12 +12,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from themis_clip.server.access import METRICS, PUBLIC
 from themis_clip.server.errors import APIError
-from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.state import AppState, StateDep
 
-public = APIRouter(route_class=PreparsedJSONRoute, dependencies=[PUBLIC])  # no key: health, page
-router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[METRICS])
+public = APIRouter(dependencies=[PUBLIC])  # no key: health, page
+router = APIRouter(dependencies=[METRICS])
 
 
 @public.get("/", response_class=HTMLResponse, include_in_schema=False)

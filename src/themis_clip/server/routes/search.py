@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter
@@ -15,19 +15,21 @@ from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import ItemRow
 from themis_clip.preprocess.thumbnail import make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
+from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
-from themis_clip.server.middleware import PreparsedJSONRoute
 from themis_clip.server.payloads import check_key, decode_image_fields, raise_for
 from themis_clip.server.querying import run_search
 from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter(route_class=PreparsedJSONRoute, dependencies=[SEARCH])
-writes = APIRouter(route_class=PreparsedJSONRoute, dependencies=[WRITE])  # ingest needs no search
+router = APIRouter(dependencies=[SEARCH])
+writes = APIRouter(dependencies=[WRITE])  # ingest needs no search
 
 
-@writes.post("/index/items")
-async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any]:
+@writes.post("/index/items", openapi_extra=documented(IndexItemsRequest))
+async def index_items(
+    body: Annotated[IndexItemsRequest, json_body(IndexItemsRequest)], state: StateDep
+) -> dict[str, Any]:
     idx = state.require_index()
     seen: dict[str, int] = {}
     for i, item in enumerate(body.items):
@@ -72,8 +74,10 @@ async def index_items(body: IndexItemsRequest, state: StateDep) -> dict[str, Any
     return {"added": len(rows), "ids": [r.key for r in rows], "model_id": current.model_id}
 
 
-@router.post("/search")
-async def search(body: SearchRequest, state: StateDep) -> dict[str, Any]:
+@router.post("/search", openapi_extra=documented(SearchRequest))
+async def search(
+    body: Annotated[SearchRequest, json_body(SearchRequest)], state: StateDep
+) -> dict[str, Any]:
     """One page: a query (one part or a weighted sum), by vector, words or both (hybrid), or
     the library newest first (browse); ``next`` continues it (:mod:`..querying`)."""
     return await run_search(body, state)
