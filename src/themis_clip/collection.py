@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -390,8 +391,19 @@ def sort_hits(hits: list[Hit], sort: str) -> list[Hit]:
         dated.sort(key=lambda h: str(meta(h, "taken"))[:19], reverse=sort == "-taken")
         return dated + undated
     if sort == "mtime":
-        return sorted(hits, key=lambda h: -float(meta(h, "mtime") or 0))
+        return sorted(hits, key=lambda h: -_timestamp(meta(h, "mtime")))
     return sorted(hits, key=lambda h: (str(meta(h, "name") or h.path or h.key).lower(), h.key))
+
+
+def _timestamp(value: Any) -> float:
+    """Seconds of a metadata time (ISO text or a number); 0 where there is none."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    try:
+        stamp = datetime.fromisoformat(str(value))
+    except ValueError:
+        return 0.0
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
 
 
 def _shut_when_open(opening: Future[OnnxClipPlugin]) -> None:

@@ -132,8 +132,8 @@ def _videos(still: Path) -> tuple[Path, ...]:
 
 
 def _skip(name: str, relative: Path, exclude: Sequence[str]) -> str | None:
-    for pattern in JUNK:
-        if fnmatch.fnmatchcase(name, pattern):
+    for pattern in JUNK:  # Windows and SMB names come in any case ($Recycle.Bin, @EADIR)
+        if fnmatch.fnmatchcase(name.lower(), pattern.lower()):
             return pattern
     for pattern in exclude:
         if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(relative.as_posix(), pattern):

@@ -175,3 +175,33 @@ def test_a_filter_with_no_query_in_date_order_pages_stably(
 
     got = [h["metadata"]["taken"] for h in json.loads(out.stdout)]
     assert got == sorted(got) and got
+
+
+def test_found_in_the_tryout(gallery: tuple[Path, dict[str, object]], tmp_path: Path) -> None:
+    """--sort mtime with a query crashed on ISO file times; later pages of an auto-cut query
+    went on below the line; a filter and an order with no query were refused over HTTP."""
+    from fastapi.testclient import TestClient
+
+    from themis_clip.server.app import create_app
+    from themis_clip.server.settings import ServerSettings
+
+    root, _ = gallery
+    location = str(tmp_path / "i.db")
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(location, config) as photos:
+        photos.index_folder(root / "g")
+        newest = photos.search("a red circle", k=20, cut="none", sort="mtime")
+        assert len(newest) == 20
+    with TestClient(create_app(ServerSettings(plugin_config=config, index_path=location))) as c:
+        first = c.post("/search", json={"text": "a red circle", "k": 2}).json()
+        line = first["weak_below"]
+        cursor, scores = first["next"], [h["score"] for h in first["results"]]
+        while cursor is not None:
+            page = c.post("/search", json={"text": "a red circle", "k": 2, "cursor": cursor}).json()
+            scores += [h["score"] for h in page["results"]]
+            cursor = page["next"]
+        assert scores and min(scores) >= line
+        browse = c.post("/search", json={"where": {"taken": {"$lt": "2024-01-03"}}, "sort": "name"})
+        assert browse.status_code == 200, browse.text
+        names = [Path(h["path"]).name for h in browse.json()["results"]]
+        assert names == sorted(names) and names

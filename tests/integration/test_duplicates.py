@@ -240,3 +240,20 @@ def _text_chunk() -> object:
     info = PngImagePlugin.PngInfo()
     info.add_text("Comment", "saved again")
     return info
+
+
+def test_an_undated_copy_does_not_chain_shots_taken_days_apart(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=DIM).astype(np.float32)
+    base /= np.linalg.norm(base)
+    meta = [{"taken": "2022-06-01T10:00:00"}, {"taken": "2022-06-05T10:00:00"}, None]
+    rows = [
+        ItemRow(key=k, vector=base + 1e-4 * rng.normal(size=DIM).astype(np.float32), metadata=m)
+        for k, m in zip(("monday", "friday", "whatsapp"), meta, strict=True)
+    ]
+    with VectorIndex(str(tmp_path / "i.db")) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows, dim=DIM)
+        groups = find_duplicates(index, threshold=0.99)
+    assert all({"monday", "friday"} - {i["key"] for i in g.items} for g in groups), groups
+    assert main(["duplicates", "--index", str(tmp_path / "i.db"), "--window-s=nan"]) == 2

@@ -71,3 +71,12 @@ def test_links_are_followed_inside_the_root_only_and_loops_end(tmp_path: Path) -
     skipped: Counter[str] = Counter()
     assert walk_images(root, skipped=skipped) == [inner, linked_in]
     assert skipped["link out of the folder"] == 2 and skipped["folder linked twice"] == 2
+
+
+def test_junk_names_match_in_any_case(tmp_path: Path) -> None:
+    keep = _touch(tmp_path / "a.jpg")
+    for rel in ("$Recycle.Bin/x.jpg", "@EADIR/y.jpg", "#Recycle/z.jpg", "THUMBS.DB"):
+        _touch(tmp_path / rel)
+    skipped: Counter[str] = Counter()
+    assert walk_images(tmp_path, skipped=skipped) == [keep]
+    assert skipped["$RECYCLE.BIN"] == skipped["@eaDir"] == skipped["#recycle"] == 1

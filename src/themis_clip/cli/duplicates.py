@@ -47,8 +47,8 @@ def register(sub: Any) -> None:
 def _cmd_duplicates(args: argparse.Namespace) -> int:
     if not -1.0 <= args.threshold <= 1.0:
         raise CLIError("--threshold must be a cosine similarity from -1 to 1")
-    if args.window_s < 0:
-        raise CLIError("--window-s must be >= 0")
+    if not 0 <= args.window_s <= 86400:  # NaN fails this too
+        raise CLIError("--window-s must be a number of seconds from 0 to 86400")
     with VectorIndex(index_location(args) or "", readonly=True) as index:
         groups = find_duplicates(
             index, threshold=args.threshold, window_s=args.window_s, same_pixels=same_pixels

@@ -283,15 +283,34 @@ def _by_time(
         if tx is None or ty is None or abs((tx - ty).total_seconds()) <= window_s:
             keep_a.append(x)
             keep_b.append(y)
-    if len(keep_a) == len(a):
-        return [rows]
     local = {r: i for i, r in enumerate(rows)}
-    parts = _components(
-        len(rows),
-        np.array([local[x] for x in keep_a], dtype=np.int64),
-        np.array([local[y] for y in keep_b], dtype=np.int64),
-    )
-    return [[rows[i] for i in part] for part in parts]
+
+    def parts(edges: list[tuple[int, int]]) -> list[list[int]]:
+        found = _components(
+            len(rows),
+            np.array([local[x] for x, _ in edges], dtype=np.int64),
+            np.array([local[y] for _, y in edges], dtype=np.int64),
+        )
+        return [[rows[i] for i in part] for part in found]
+
+    edges = list(zip(keep_a, keep_b, strict=True))
+    out = []
+    for part in parts(edges):
+        stamps = [t for t in (_taken(items[r]) for r in part) if t is not None]
+        if stamps and (max(stamps) - min(stamps)).total_seconds() > window_s:
+            # an undated copy chained shots taken far apart: it joins neither
+            inside_part = set(part)
+            dated = [
+                (x, y)
+                for x, y in edges
+                if x in inside_part
+                and y in inside_part
+                and (_taken(items[x]) is None) == (_taken(items[y]) is None)
+            ]
+            out += [p for p in parts(dated) if set(p) <= inside_part]
+        else:
+            out.append(part)
+    return out
 
 
 def _tier(items: list[StoredItem], same_pixels: SamePixels | None) -> Tier:

@@ -290,6 +290,8 @@ def _checked_load(
         raise  # the decode's deadline (DeadlineReader)
     except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
         raise ImageDecodeError(f"truncated or corrupt image data: {exc}") from exc
+    except RuntimeError:  # a format plugin's decoder (JPEG XL: "Generic Error ...")
+        raise ImageDecodeError(f"damaged {img.format or 'image'} data") from None
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(str(exc)) from None
     return img
@@ -365,6 +367,8 @@ def _open(fp: Any, what: str, format_hint: str | None = None) -> Image.Image:
         ) from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise ImageDecodeError(f"{what}: truncated or corrupt image header: {exc}") from exc
+    except RuntimeError:  # a format plugin's decoder
+        raise ImageDecodeError(f"{what}: damaged image header") from None
 
 
 def _from_array(arr: npt.NDArray[Any]) -> Image.Image:

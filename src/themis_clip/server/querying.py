@@ -53,7 +53,8 @@ def _parts(body: SearchRequest) -> list[QueryPart]:
                     f"query[{i}]: give exactly one of 'text', 'image', 'vector' or 'item'",
                 )
         return list(body.query)
-    if sum(single) > 1 or (not any(single) and body.mode != "browse"):
+    filtered = body.filters is not None or body.where is not None or body.sort != "score"
+    if sum(single) > 1 or (not any(single) and body.mode != "browse" and not filtered):
         raise APIError(
             422, "ValidationError", "give exactly one of 'text', 'image', 'vector' or 'item'"
         )
@@ -105,6 +106,12 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     """One page of ``body``'s query over the server's index, as ``/search`` answers it."""
     idx = state.require_index()
     mode = QueryMode(body.mode)
+    if (
+        mode == QueryMode.VECTOR
+        and body.query is None
+        and not any(x is not None for x in (body.text, body.image, body.vector, body.item))
+    ):
+        mode = QueryMode.BROWSE  # a filter or an order and no query: the matching items
     check_filters(body.filters)
     if body.where is not None:
         parse_where(body.where)  # a bad filter is a 422 naming its path, before any work
@@ -159,8 +166,9 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     cut = Cut.parse(body.cut)
     if body.cut is None and not (texts_only and mode == QueryMode.VECTOR):
         cut = Cut(auto=False)  # fused ranks and image queries are not cut unless asked
-    if body.cursor is not None and body.cut is None:
-        cut = Cut(auto=False)  # a later page was asked for: the first one was not cut
+    if body.cursor is not None and cut.auto:
+        # a later page: the first one ended at no gap, so the matches go on to the line
+        cut = Cut(auto=False, score=line.score) if line is not None else Cut(auto=False)
     result = cut_ranked([h.score for h in hits], cut, line)
     kept = hits[: result.kept]
     if len(kept) < len(hits):
