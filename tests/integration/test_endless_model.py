@@ -115,3 +115,25 @@ def test_the_library_stops_runs_at_run_timeout_s(root: Path) -> None:
         assert "run_timeout_s" in (plugin.last_error or "")
     finally:
         plugin.shutdown()
+
+
+def test_sigterm_at_default_settings_ends_within_15_s(root: Path) -> None:
+    """With the default 30 s request timeout, SIGTERM waited for the endless run's 504: the
+    drain now gives requests in flight 10 s, then stops their runs."""
+    args = ["--model", str(root / "endless"), "--model-root", str(root), "--no-warmup"]
+    with ServerProcess(args, env={"THEMIS_ADMIN_TOKEN": TOKEN}) as server:
+        base = server.base
+        answers: list[int] = []
+
+        def embed() -> None:
+            answers.append(httpx.post(f"{base}/embed/image", content=png(), timeout=60).status_code)
+
+        client = threading.Thread(target=embed)
+        client.start()
+        until(lambda: in_flight(base) == 1, 10, "the endless run started")
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=15) == 0
+        assert time.monotonic() - t0 < 15
+        client.join(30)
+        assert answers and answers[0] >= 500

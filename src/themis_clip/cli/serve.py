@@ -14,9 +14,11 @@ import asyncio
 import ipaddress
 import os
 import shlex
+import signal
 import socket
 import ssl
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -224,11 +226,35 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     scheme = "https" if tls else "http"
     print(f"themis-clip: listening on {scheme}://{host}:{port}", file=sys.stderr)
     sys.stderr.flush()
-    # SIGINT and SIGTERM stop it gracefully (Hypercorn's own handlers); then exit code 0.
+    # SIGINT and SIGTERM stop it gracefully: requests in flight get DRAIN_S to finish, then
+    # the model stops the runs still going (an endless or very slow model cannot hold the
+    # process), and the server closes; exit code 0.
     app = cast("ASGIFramework", create_app(settings, plugin=plugin))  # Starlette's ASGI types
-    asyncio.run(serve(app, server, mode="asgi"))
-    print("themis-clip: stopped (requests in flight were finished)", file=sys.stderr)
+    asyncio.run(serve(app, server, mode="asgi", shutdown_trigger=_stopping(plugin)))
+    print("themis-clip: stopped", file=sys.stderr)
     return 0
+
+
+#: What requests in flight get after SIGTERM before the model stops their runs.
+DRAIN_S = 10.0
+
+
+def _stopping(plugin: Any) -> Any:
+    """Hypercorn's shutdown trigger: returns at SIGINT or SIGTERM, having said so and begun
+    the model's drain (in a thread: it waits at most :data:`DRAIN_S`)."""
+
+    async def trigger() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        print("themis-clip: stopping: finishing the requests in flight", file=sys.stderr)
+        threading.Thread(
+            target=plugin.shutdown, kwargs={"drain_timeout_s": DRAIN_S}, daemon=True
+        ).start()
+
+    return trigger
 
 
 def listening_socket(host: str, port: int, *, send_timeout_s: float = 30.0) -> socket.socket:
