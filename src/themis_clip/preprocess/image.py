@@ -125,14 +125,14 @@ def decode_image(
             raise ImageDecodeError("empty image data (0 bytes)")
         picture = _raw_picture(data, None, max_image_pixels, reserve)
         if picture is not None:
-            return decode_image(
-                picture[0],
-                max_image_pixels=max_image_pixels,
-                apply_exif=apply_exif,
-                draft_min_side=draft_min_side,
-                orientation=orientation or picture[1],
-                reserve=reserve,
-                decode_timeout_s=decode_timeout_s,
+            return _decode_raw(
+                picture,
+                max_image_pixels,
+                apply_exif,
+                draft_min_side,
+                orientation,
+                reserve,
+                decode_timeout_s,
             )
         deadline = time.monotonic() + decode_timeout_s
         check_container(data, None, max_image_pixels)
@@ -157,14 +157,14 @@ def decode_image(
                     suffix = os.path.splitext(path)[1]
                     picture = _raw_picture(raw, suffix, max_image_pixels, reserve)
                     if picture is not None:
-                        return decode_image(
-                            picture[0],
-                            max_image_pixels=max_image_pixels,
-                            apply_exif=apply_exif,
-                            draft_min_side=draft_min_side,
-                            orientation=orientation or picture[1],
-                            reserve=reserve,
-                            decode_timeout_s=decode_timeout_s,
+                        return _decode_raw(
+                            picture,
+                            max_image_pixels,
+                            apply_exif,
+                            draft_min_side,
+                            orientation,
+                            reserve,
+                            decode_timeout_s,
                         )
                     check_container(raw, None, max_image_pixels)
                     img = _checked_load(
@@ -196,6 +196,27 @@ def decode_image(
     if img.mode in _HIGH_DEPTH_MODES:
         img = _to_8bit(img)
     return img
+
+
+def _decode_raw(
+    picture: tuple[bytes | npt.NDArray[np.uint8], int],
+    max_image_pixels: int,
+    apply_exif: bool,
+    draft_min_side: int | None,
+    orientation: int | None,
+    reserve: Callable[[int, int], None] | None,
+    decode_timeout_s: float,
+) -> Image.Image:
+    """A RAW file's picture (:func:`_raw_picture`) decoded under the caller's options."""
+    return decode_image(
+        picture[0],
+        max_image_pixels=max_image_pixels,
+        apply_exif=apply_exif,
+        draft_min_side=draft_min_side,
+        orientation=orientation or picture[1],
+        reserve=reserve,
+        decode_timeout_s=decode_timeout_s,
+    )
 
 
 def _raw_picture(
