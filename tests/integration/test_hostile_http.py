@@ -138,9 +138,13 @@ def test_metadata_that_would_poison_the_index_is_refused_naming_the_problem(
         )
         assert says in err(r, status, kind), metadata[:40]
     # Nothing was stored, and every search (filtered ones included) still answers.
-    hits = httpx.post(f"{base}/search", json={"text": "a red circle", "k": 50}).json()["results"]
+    hits = httpx.post(
+        f"{base}/search", json={"text": "a red circle", "k": 50, "cut": "none"}
+    ).json()["results"]
     assert "bad" not in {h["id"] for h in hits}
-    filtered = httpx.post(f"{base}/search", json={"text": "x", "filters": {"album": "x"}})
+    filtered = httpx.post(
+        f"{base}/search", json={"text": "x", "filters": {"album": "x"}, "cut": "none"}
+    )
     assert filtered.status_code == 200 and [h["id"] for h in filtered.json()["results"]] == ["ok-1"]
 
 
@@ -197,7 +201,7 @@ def test_an_index_poisoned_by_an_older_version_is_repaired_on_open(
     with ServerProcess(
         ["--model", str(model_root / "demo"), "--index", str(path), "--no-warmup"]
     ) as s:
-        r = httpx.post(f"{s.base}/search", json={"text": "x", "k": 10})
+        r = httpx.post(f"{s.base}/search", json={"text": "x", "k": 10, "cut": "none"})
         assert r.status_code == 200, r.text
         meta = {h["id"]: h["metadata"] for h in r.json()["results"]}
         assert meta == {
@@ -205,7 +209,9 @@ def test_an_index_poisoned_by_an_older_version_is_repaired_on_open(
             "i1": {"s": "\ufffd", "tag": "t"},
             "i2": None,
         }
-        r = httpx.post(f"{s.base}/search", json={"text": "x", "filters": {"tag": "t"}})
+        r = httpx.post(
+            f"{s.base}/search", json={"text": "x", "filters": {"tag": "t"}, "cut": "none"}
+        )
         assert r.status_code == 200 and {h["id"] for h in r.json()["results"]} == {"i0", "i1"}
 
 
