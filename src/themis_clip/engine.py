@@ -370,11 +370,14 @@ class ClipModel:
             if drained:
                 self._close_locked()
                 return True
-        reason = f"the model was retired with runs in flight after {timeout_s:g} s"
+        self.stop_runs(f"the model was retired with runs in flight after {timeout_s:g} s")
+        return False
+
+    def stop_runs(self, reason: str) -> None:
+        """Stop both towers' session runs in flight (each fails with ``reason``)."""
         self.visual.session.stop_runs(reason)
         if self._textual is not None:
             self._textual.session.stop_runs(reason)
-        return False
 
     def _close_locked(self) -> None:
         if self._closed:

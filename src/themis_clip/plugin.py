@@ -160,6 +160,13 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             self.last_error = None
             return True
 
+    def stop_runs(self, reason: str) -> None:
+        """Stop the model's session runs in flight (each such call fails with ``reason``);
+        the model stays loaded."""
+        model = self._model
+        if model is not None:
+            model.stop_runs(reason)
+
     def shutdown(self, drain_timeout_s: float | None = None) -> None:
         """Release sessions after in-flight requests, waiting at most ``drain_timeout_s``
         (None: the config's ``drain_timeout_s``), then stopping the runs still going; reset

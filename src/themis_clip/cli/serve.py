@@ -250,9 +250,9 @@ def _stopping(plugin: Any) -> Any:
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         print("themis-clip: stopping: finishing the requests in flight", file=sys.stderr)
-        threading.Thread(
-            target=plugin.shutdown, kwargs={"drain_timeout_s": DRAIN_S}, daemon=True
-        ).start()
+        late = threading.Timer(DRAIN_S, plugin.stop_runs, args=("the server is stopping",))
+        late.daemon = True
+        late.start()
 
     return trigger
 
