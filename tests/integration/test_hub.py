@@ -52,7 +52,19 @@ def test_pull_by_catalogue_name_and_repo_id_equals_the_directory(
     db = tmp_path / "idx.db"
     out = run(env, "index", str(photos), "--model", "ViT-B-32__openai", "--index", str(db))
     assert out.returncode == 0, out.stderr
-    out = run(env, "search", "red", "--model", IMMICH, "--index", str(db), "--json", offline=True)
+    out = run(
+        env,
+        "search",
+        "red",
+        "--model",
+        IMMICH,
+        "--index",
+        str(db),
+        "--json",
+        "--cut",
+        "none",
+        offline=True,
+    )
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)) == 3  # the index accepts the model by its other name
 
