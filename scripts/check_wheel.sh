@@ -59,7 +59,7 @@ test "$("$V/themis-clip" --version)" = "themis-clip $VERSION"
 echo "== themis-clip demo and a search, from the installed wheel"
 "$V/themis-clip" demo --count 24 --gallery "$WORK/demo/gallery" | tee "$WORK/demo.log"
 grep -q "24 added" "$WORK/demo.log" || { echo "demo did not index 24 images"; exit 1; }
-"$V/themis-clip" search "a red circle" --index "$WORK/demo/demo-index.db" -k 3 --json \
+"$V/themis-clip" search "a red circle" --index "$WORK/demo/gallery/demo-index.db" -k 3 --cut none --json \
   >"$WORK/search.json"
 "$V/python" - "$WORK/search.json" <<'EOF'
 import json
@@ -68,11 +68,12 @@ import sys
 hits = json.load(open(sys.argv[1]))
 hits = hits["results"] if isinstance(hits, dict) else hits
 assert len(hits) == 3, hits
+assert "red-circle" in str(hits[0].get("path")), hits[0]
 print("search:", ", ".join(str(h.get("path") or h.get("id")).rsplit("/", 1)[-1] for h in hits))
 EOF
 
 echo "== the search page, served from the installed package"
-"$V/themis-clip" serve --port 0 --index "$WORK/demo/demo-index.db" 2>"$WORK/serve.log" &
+"$V/themis-clip" serve --port 0 --index "$WORK/demo/gallery/demo-index.db" 2>"$WORK/serve.log" &
 SERVER_PID=$!
 BASE=
 for _ in $(seq 1 600); do
@@ -86,7 +87,7 @@ curl -sf "$BASE/" >"$WORK/page.html"
 grep -q '/static/app.js' "$WORK/page.html"
 curl -sf "$BASE/static/app.js" >/dev/null
 curl -sf "$BASE/static/app.css" >/dev/null
-curl -sf "$BASE/search" -H 'Content-Type: application/json' -d '{"text": "a red circle", "k": 2}' \
+curl -sf "$BASE/search" -H 'Content-Type: application/json' -d '{"text": "a red circle", "k": 2, "cut": "none"}' \
   | "$V/python" -c "import json, sys; assert len(json.load(sys.stdin)['results']) == 2"
 kill "$SERVER_PID"
 wait "$SERVER_PID" || true
