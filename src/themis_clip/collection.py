@@ -25,10 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.budget import PixelBudget
 from themis_clip.config import PluginConfig, SearchConfig
 from themis_clip.errors import InputError, ModelError
-from themis_clip.feed import DecodeAhead
 from themis_clip.files import IMAGE_SUFFIXES
 from themis_clip.index.indexer import IndexReport
 from themis_clip.index.indexer import index_folder as _index_folder
@@ -43,7 +41,6 @@ from themis_clip.index.relevance import (
 )
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import Where
-from themis_clip.loading import declared_preprocessor
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 from themis_clip.vocabulary import ModelIdentity
@@ -115,26 +112,24 @@ class Collection:
 
     Args:
         index: an open :class:`VectorIndex`.
-        plugin: the model, or a callable giving it (it may wait while the model opens: the
-            folder is walked and its first images decode meanwhile).
-        config: the plugin's configuration, where the model is still opening (its declared
-            preprocessing lets images decode before the model is open).
-        budget: the plugin's decoded-pixel budget (:meth:`OnnxClipPlugin.decode_budget`),
-            where the model is still opening.
+        plugin: the model, initialised or opening in another thread for ``config``.
+        config: the configuration ``plugin`` is opening with; its declared preprocessing lets
+            the folder's images decode while the model still opens.
+        ready: waits until ``plugin`` is open and raises what opening it raised.
     """
 
     def __init__(
         self,
         index: VectorIndex,
-        plugin: OnnxClipPlugin | Callable[[], OnnxClipPlugin],
+        plugin: OnnxClipPlugin,
         *,
         config: PluginConfig | None = None,
-        budget: PixelBudget | None = None,
+        ready: Callable[[], object] | None = None,
     ) -> None:
         self.index = index
         self._plugin = plugin
         self._config = config
-        self._budget = budget
+        self._ready = ready
         self._closers: list[Callable[[], None]] = []
         self._lines: dict[tuple[str, int], WeakLine | None] = {}
 
@@ -151,7 +146,6 @@ class Collection:
         ``config`` in the background; :meth:`close` (or ``with``) closes both. The text tower
         opens on its first use (indexing never needs it)."""
         plugin = OnnxClipPlugin(lazy_textual=True)
-        budget = plugin.decode_budget(config)  # the images decoded ahead count against it
         opener = ThreadPoolExecutor(1, thread_name_prefix="themis-open")
         opening: Future[OnnxClipPlugin] = opener.submit(open_plugin, config, plugin=plugin)
         opener.shutdown(wait=False)
@@ -160,14 +154,16 @@ class Collection:
         except BaseException:
             _shut_when_open(opening)
             raise
-        collection = cls(vector_index, opening.result, config=config, budget=budget)
+        collection = cls(vector_index, plugin, config=config, ready=opening.result)
         collection._closers += [lambda: _shut_when_open(opening), vector_index.close]
         return collection
 
     @property
     def plugin(self) -> OnnxClipPlugin:
         """The model (waits for it to open; raises what opening it raised)."""
-        return self._plugin if isinstance(self._plugin, OnnxClipPlugin) else self._plugin()
+        if self._ready is not None:
+            self._ready()
+        return self._plugin
 
     @property
     def identity(self) -> ModelIdentity:
@@ -192,33 +188,21 @@ class Collection:
         if not folder.is_dir():
             raise InputError(f"not a folder: {folder}")
         config = self._config or self.plugin.config
-        feed = None
-        if config is not None:
-            # decodes ahead share a pixel budget of the plugin's size, as its own decodes do
-            early = declared_preprocessor(
-                config, budget=PixelBudget(config.preprocess.pixel_budget)
-            )
-            if early is not None:
-                window = (config.prefetch_batches + 1) * config.max_batch_size
-                feed = DecodeAhead(
-                    early, lambda: self.plugin, workers=config.preprocess_workers, window=window
-                )
         try:
             return _index_folder(
                 self.index,
                 folder,
-                feed if feed is not None else self.plugin,
+                self._plugin,  # its batch calls come after stamp(), which waits for it
                 stamp=lambda: self.identity,
                 chunk=4 * (config.max_batch_size if config is not None else 32),
                 progress=progress,
                 metadata=read_exif,
                 metadata_version=METADATA_VERSION,
-                prefetch=feed.prefetch if feed is not None else None,
+                prefetch=lambda paths: self._plugin.prefetch(paths, config),
                 exclude=exclude,
             )
         finally:
-            if feed is not None:
-                feed.close()
+            self._plugin.prefetch(())
 
     def query_vector(self, query: Query) -> _Vector:
         """The unit vector of ``query``: its text and image parts plus ``add``, less

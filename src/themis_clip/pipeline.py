@@ -1,16 +1,18 @@
-"""The embedding pipeline of one call: decode-ahead image batches and sorted text batches.
+"""The embedding pipeline: one decode path for images (decoded ahead, batched) and sorted
+text batches.
 
-Pure functions over a loaded :class:`~themis_clip.engine.ClipModel`; the plugin holds the model
-(in-flight counted) and hands in its decode pool and statistics.
+Functions over a loaded :class:`~themis_clip.engine.ClipModel`; the plugin holds the model
+(in-flight counted) and hands in its :class:`DecodePool` and statistics.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
@@ -28,6 +30,7 @@ from themis_clip.errors import (
     ThemisClipError,
 )
 from themis_clip.interface import EmbeddingResult, ImageData, ImageFormat, ImageMetadata
+from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.stats import Statistics
 
 __all__ = [
@@ -45,6 +48,8 @@ __all__ = [
 
 log = logging.getLogger("themis_clip.plugin")
 
+_Pixels = npt.NDArray[np.float32]
+
 _PILLOW_FORMAT = {
     ImageFormat.JPEG: "JPEG",
     ImageFormat.PNG: "PNG",
@@ -57,12 +62,23 @@ _PILLOW_FORMAT = {
 
 class DecodePool:
     """The decode resources of one plugin, shared across its models: the decode threads
-    (``preprocess_workers``; None means ``min(4, CPUs)``) and the decoded-pixel budget."""
+    (``preprocess_workers``; None means ``min(4, CPUs)``), the decoded-pixel budget, and the
+    files named ahead (:meth:`prefetch`) whose decodes the batch calls take (:meth:`take`).
+
+    Every image a plugin embeds is decoded here, so a run never holds more decoded pixels
+    than the one budget the user set.
+    """
 
     def __init__(self) -> None:
         self.executor: ThreadPoolExecutor | None = None
         self.budget: PixelBudget | None = None
         self._workers = 0
+        self._lock = threading.Lock()  # guards the executor swap and the files named ahead
+        self._pre: ImagePreprocessor | None = None
+        self._window = 1
+        self._named: deque[str] = deque()  # named, not yet submitted
+        self._queued: deque[tuple[str, Future[_Pixels]]] = deque()  # submitted, in order
+        self._keys: set[str] = set()  # named or queued
 
     def budget_for(self, capacity: int) -> PixelBudget:
         """The budget of ``capacity`` pixels; a new one when the capacity changed (decodes
@@ -84,20 +100,75 @@ class DecodePool:
             callers run it once no request can still submit to the old pool.
         """
         workers = workers or min(4, os.cpu_count() or 1)
-        if self.executor is not None and self._workers == workers:
-            return lambda: None
-        old = self.executor
-        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess")
-        self._workers = workers
+        with self._lock:
+            if self.executor is not None and self._workers == workers:
+                return lambda: None
+            old = self.executor
+            self.executor = ThreadPoolExecutor(workers, thread_name_prefix="themis-preprocess")
+            self._workers = workers
         log.info("preprocess workers: %d", workers)
         if old is None:
             return lambda: None
         return lambda: old.shutdown(wait=False)
 
+    def prefetch(
+        self,
+        preprocessor: ImagePreprocessor | None,
+        paths: Sequence[str | os.PathLike[str]],
+        window: int,
+    ) -> None:
+        """Decode ``paths`` with ``preprocessor``, in order, at most ``window`` ahead of the
+        batch calls that take them; replaces what was named before (no paths: drops it)."""
+        with self._lock:
+            self._drop()
+            self._pre, self._window = preprocessor, max(1, window)
+            self._named.extend(os.fspath(p) for p in paths)
+            self._keys.update(self._named)
+            self._fill()
+
+    def take(self, item: ImageData, preprocessor: ImagePreprocessor) -> Future[_Pixels] | None:
+        """The decode of ``item`` if it was named and decoded as ``preprocessor`` would (the
+        ones named before it are dropped); None for the caller to decode it."""
+        if not isinstance(item, str | os.PathLike):
+            return None
+        key = os.fspath(item)
+        with self._lock:
+            if key not in self._keys or (not self._queued and self.executor is None):
+                return None
+            if self._pre is not preprocessor:
+                if self._pre != preprocessor:  # the model opened with other preprocessing
+                    self._drop()
+                    return None
+                self._pre = preprocessor
+            while True:
+                self._fill()
+                name, fut = self._queued.popleft()
+                self._keys.discard(name)
+                if name == key:
+                    self._fill()
+                    return fut
+                fut.cancel()
+
     def shutdown(self) -> None:
-        if self.executor is not None:
-            self.executor.shutdown(wait=False)
-            self.executor = None
+        with self._lock:
+            self._drop()
+            if self.executor is not None:
+                self.executor.shutdown(wait=False)
+                self.executor = None
+
+    def _fill(self) -> None:
+        if self.executor is None or self._pre is None:
+            return
+        while self._named and len(self._queued) < self._window:
+            key = self._named.popleft()
+            self._queued.append((key, self.executor.submit(self._pre, key)))
+
+    def _drop(self) -> None:
+        for _, fut in self._queued:
+            fut.cancel()
+        self._queued.clear()
+        self._named.clear()
+        self._keys.clear()
 
 
 def embed_image(
@@ -187,46 +258,56 @@ def warm_up(model: ClipModel) -> dict[str, float]:
 
 def embed_images(
     model: ClipModel,
-    executor: ThreadPoolExecutor | None,
+    pool: DecodePool,
     items: list[ImageData],
     results: list[EmbeddingResult | None],
     t0: float,
     stats: Statistics,
 ) -> None:
-    """Fill ``results`` for ``items``: decode ahead in ``executor``, run batches, normalise.
+    """Fill ``results`` for ``items``: decode ahead in ``pool``, run batches, normalise.
 
     Each chunk of ``model.visual.batch_limit`` images is decoded into a preallocated buffer
-    while the session runs the chunk before it (``prefetch_batches`` deep); one undecodable
-    image fails only its own result.
+    while the session runs the chunk before it (``prefetch_batches`` deep); an image the pool
+    was told of (:meth:`DecodePool.prefetch`) comes from its decode started earlier. One
+    undecodable image fails only its own result.
     """
+    executor = pool.executor
     if executor is None:
         raise NotReadyError("the onnx_clip plugin is shut down")
     step = model.visual.batch_limit
     chunks = [list(range(s, min(s + step, len(items)))) for s in range(0, len(items), step)]
     prepare = model.preprocessor
 
-    def submit(idx: list[int]) -> tuple[npt.NDArray[np.float32], list[Future[Any]]]:
+    def submit(idx: list[int]) -> tuple[_Pixels, list[tuple[Future[_Pixels], bool]]]:
         buf = np.empty((len(idx), *prepare.shape), dtype=np.float32)
-        return buf, [executor.submit(prepare, items[i], buf[j]) for j, i in enumerate(idx)]
+        decodes: list[tuple[Future[_Pixels], bool]] = []
+        for j, i in enumerate(idx):
+            early = pool.take(items[i], prepare)
+            if early is None:
+                decodes.append((executor.submit(prepare, items[i], buf[j]), False))
+            else:
+                decodes.append((early, True))
+        return buf, decodes
 
     # Decoding of the next ``prefetch_batches`` chunks overlaps the session run of this one.
     ahead = model.config.prefetch_batches
-    pending: deque[tuple[npt.NDArray[np.float32], list[Future[Any]]]] = deque()
+    pending: deque[tuple[_Pixels, list[tuple[Future[_Pixels], bool]]]] = deque()
     submitted = 0
     for k, idx in enumerate(chunks):
         while submitted < len(chunks) and submitted <= k + ahead:
             pending.append(submit(chunks[submitted]))
             submitted += 1
-        buf, futures = pending.popleft()
+        buf, decodes = pending.popleft()
         good: list[int] = []
-        for j, (i, fut) in enumerate(zip(idx, futures, strict=True)):
+        for j, (i, (fut, early)) in enumerate(zip(idx, decodes, strict=True)):
             # exception(), not result(): re-raised here, the decode's error would take this
             # frame into its traceback, and this frame holds the future that holds the error:
-            # a reference cycle keeping every image of the call (up to 20 MB each) alive until
-            # a full collection, which a server that froze the collector's heap never ran.
+            # a reference cycle keeping every image of the call (up to 20 MB each) alive.
             exc = fut.exception()
             if exc is None:
                 good.append(j)
+                if early:
+                    buf[j] = fut.result()
             else:
                 results[i] = EmbeddingResult.failure(translate(exc), latency_ms=elapsed_ms(t0))
         if not good:

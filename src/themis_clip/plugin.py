@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,7 +55,7 @@ from themis_clip.interface import (
     ImageMetadata,
     PluginInfo,
 )
-from themis_clip.loading import load_model
+from themis_clip.loading import declared_preprocessor, load_model
 from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.spec import ModelSpec
 from themis_clip.pipeline import (
@@ -67,6 +68,7 @@ from themis_clip.pipeline import (
     translate,
     warm_up,
 )
+from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.stats import Statistics
 from themis_clip.vocabulary import ModelIdentity
@@ -253,11 +255,36 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             self._hold,
             len(items),
             lambda model, results, t0: embed_images(
-                model, self._pool.executor, items, results, t0, self._stats
+                model, self._pool, items, results, t0, self._stats
             ),
             self._stats,
             texts=False,
         )
+
+    def prefetch(
+        self, paths: Sequence[str | os.PathLike[str]], config: PluginConfig | None = None
+    ) -> None:
+        """Start decoding ``paths``, the files the next :meth:`generate_embedding_batch` calls
+        will name, in that order (an indexer knows them before it asks).
+
+        ``config`` is the one :meth:`initialize` is opening in another thread (default: the
+        active one): its model's declared preprocessing lets the files decode while the
+        session still opens. The decodes share the plugin's threads and pixel budget; a model
+        that opens with other preprocessing decodes them again. No paths: drop what was named.
+        """
+        config = config or self._config
+        model = self._model
+        pre: ImagePreprocessor | None = None
+        if config is not None and model is not None and config is self._config:
+            pre = model.preprocessor
+        elif config is not None:
+            budget = self._pool.budget_for(config.preprocess.pixel_budget)
+            pre = declared_preprocessor(config, budget=budget)
+        if config is None or pre is None or not paths:
+            self._pool.prefetch(None, (), 0)
+            return
+        self._pool.resize(config.preprocess_workers)()
+        self._pool.prefetch(pre, paths, (config.prefetch_batches + 1) * config.max_batch_size)
 
     def generate_text_embedding(self, text: str, language: str | None = None) -> EmbeddingResult:
         """Embed one text; ``truncated`` says whether it was cut to the context length.
@@ -482,12 +509,6 @@ class OnnxClipPlugin(ImageAnalysisBackend):
             self._model = model
         self._config = config
         return after_drain
-
-    def decode_budget(self, config: PluginConfig) -> PixelBudget:
-        """The decoded-pixel budget this plugin's decodes share under ``config``; a decoder
-        working for it from outside (decoding ahead while the model opens) takes the same one,
-        so that together they never hold more than the user set."""
-        return self._pool.budget_for(config.preprocess.pixel_budget)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -113,7 +113,7 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
 def test_index_gives_the_plugins_vectors_to_the_bit_across_chunks(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """``index`` decodes ahead while its session opens and across chunks (themis_clip.feed):
+    """``index`` decodes ahead while its session opens and across chunks (OnnxClipPlugin.prefetch):
     every stored vector is still exactly what ``generate_embedding_batch`` gives."""
     folder = tmp_path / "many"
     folder.mkdir()

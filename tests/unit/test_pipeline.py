@@ -1,10 +1,12 @@
-"""Decoding ahead of the model (``themis_clip.feed``) and the indexer's prefetch hook: the index
-command decodes while its session opens, and its vectors stay the plugin's to the bit."""
+"""The one image decode path (``themis_clip.pipeline``): files named ahead
+(``OnnxClipPlugin.prefetch``, the indexer's prefetch hook) decode while the session opens, in the
+plugin's threads and pixel budget, and the vectors stay the plugin's to the bit."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,6 @@ from PIL import Image
 from tests.fakes import STAMP, FakeEmbedder, photo_like, write_png
 from themis_clip import IndexModelMismatchError, OnnxClipPlugin
 from themis_clip.config import ModelConfig, PluginConfig
-from themis_clip.feed import DecodeAhead
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
@@ -57,56 +58,61 @@ def write_and(path: Path) -> Path:
     return path
 
 
-def test_decode_ahead_gives_the_plugins_vectors_to_the_bit(
-    plugin: OnnxClipPlugin, tmp_path: Path
+def preprocess_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("themis-preprocess")}
+
+
+def test_files_named_ahead_decode_before_the_model_opens_and_give_its_vectors_to_the_bit(
+    plugin: OnnxClipPlugin, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     paths = jpegs(tmp_path / "p", 11)
     broken = tmp_path / "p" / "broken.jpg"
     broken.write_bytes(b"\xff\xd8 not really a JPEG")
     stranger = jpegs(tmp_path / "q", 1)[0]  # never named to prefetch
-    plugin.initialize(replace(plugin.config or PluginConfig(), max_batch_size=4))
+    config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)), max_batch_size=4)
+    plugin.initialize(config)
     items = [*paths[:5], broken, *paths[5:]]
     expected = plugin.generate_embedding_batch(items[:7]) + plugin.generate_embedding_batch(
         [*items[7:], stranger]
     )
-    assert plugin.config is not None and plugin.model_spec is not None
-    early = declared_preprocessor(plugin.config, spec=plugin.model_spec)
-    assert early is not None
-    opened = threading.Event()
-
-    def opening() -> OnnxClipPlugin:
-        opened.set()
-        return plugin
-
-    with DecodeAhead(early, opening, workers=2, window=3) as feed:
-        feed.prefetch(items)
-        assert not opened.is_set()  # decoding started without the model
-        got = feed.generate_embedding_batch(items[:7])
-        got += feed.generate_embedding_batch([*items[7:], stranger])
+    early = OnnxClipPlugin()
+    before = preprocess_threads()
+    try:
+        early.prefetch(items, config)
+        assert not early.is_ready() and preprocess_threads() - before  # decoding, no model
+        # ... against the plugin's one budget, of the user's size
+        deadline = time.monotonic() + 30
+        while early.pixel_budget.stats()["peak"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = early.pixel_budget.stats()
+        assert stats["capacity"] == config.preprocess.pixel_budget and stats["peak"] > 0
+        assert early.initialize(config)
+        got = early.generate_embedding_batch(items[:7])
+        got += early.generate_embedding_batch([*items[7:], stranger])
+    finally:
+        early.shutdown()
     assert [r.ok for r in got] == [r.ok for r in expected]
     assert not got[5].ok and type(got[5].error) is type(expected[5].error)
     for a, b in zip(vectors(got), vectors(expected), strict=True):
         assert (a is None and b is None) or np.array_equal(a, b)
 
 
-def test_decode_ahead_skips_what_is_not_asked_and_falls_back_on_another_preprocessing(
-    plugin: OnnxClipPlugin, tmp_path: Path
+def test_files_named_ahead_but_not_asked_are_skipped_and_other_preprocessing_decodes_again(
+    plugin: OnnxClipPlugin, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     paths = jpegs(tmp_path / "p", 6)
     expected = plugin.generate_embedding_batch(paths)
-    assert plugin.config is not None and plugin.model_spec is not None
-    early = declared_preprocessor(plugin.config, spec=plugin.model_spec)
-    assert early is not None
-    with DecodeAhead(early, lambda: plugin, workers=1, window=2) as feed:
-        feed.prefetch(paths)
-        got = feed.generate_embedding_batch(paths[2:])  # the first two never asked for
+    plugin.prefetch(paths)
+    got = plugin.generate_embedding_batch(paths[2:])  # the first two never asked for
     assert all(
         np.array_equal(a, b) for a, b in zip(vectors(got), vectors(expected[2:]), strict=True)
     )
-    other = replace(early, spec=replace(early.spec, image_size=48))  # not the model's
-    with DecodeAhead(other, lambda: plugin, workers=1) as feed:
-        feed.prefetch(paths)
-        got = feed.generate_embedding_batch(paths)
+    # named with a configuration whose declared size is not the model's: decoded again
+    config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)))
+    other = replace(config, preprocess=replace(config.preprocess, image_size=48))
+    plugin.prefetch(paths, other)
+    got = plugin.generate_embedding_batch(paths)
+    plugin.prefetch(())
     assert all(np.array_equal(a, b) for a, b in zip(vectors(got), vectors(expected), strict=True))
 
 
