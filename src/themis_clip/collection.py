@@ -45,7 +45,19 @@ from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["METADATA_VERSION", "SORTS", "Collection", "Matches", "Query", "browse", "sort_hits"]
+__all__ = [
+    "MAX_MEASURED_ITEMS",
+    "METADATA_VERSION",
+    "SORTS",
+    "Collection",
+    "Matches",
+    "Query",
+    "browse",
+    "choose_cut",
+    "cut_matches",
+    "sort_hits",
+    "weak_line",
+]
 
 log = logging.getLogger(__name__)
 
@@ -243,10 +255,10 @@ class Collection:
         query = Query(text=query) if isinstance(query, str) else query
         if hybrid and not query.text:
             raise InputError("a hybrid search needs a text query (its words are matched)")
-        words_only = query.image is None and not any(Path(p).is_file() for p in query.add)
-        chosen = Cut.parse(cut) if not isinstance(cut, Cut) else cut
-        if cut is None and not words_only:
-            chosen = Cut(auto=False)
+        texts_only = query.image is None and not any(
+            Path(p).is_file() for p in (*query.add, *query.subtract)
+        )
+        chosen = choose_cut(cut, texts_only=texts_only and not hybrid)
         self.index.bind_model(self.identity)
         vector = self.query_vector(query)
         if hybrid:
@@ -260,13 +272,9 @@ class Collection:
                 filters=filters,
                 where=where,
             ).hits
-            chosen = Cut(auto=False) if cut is None else chosen  # fused ranks are no cosines
         else:
             hits = self.index.search(vector, k, filters, where=where)
-        line = self.line() if chosen.auto else None
-        result = cut_ranked([h.score for h in hits], chosen, line)
-        kept = hits[: result.kept]
-        return Matches(hits=sort_hits(kept, sort), weaker=len(hits) - len(kept), cut=result)
+        return cut_matches(hits, chosen, self.line() if chosen.auto else None, sort=sort)
 
     def browse(
         self,
@@ -290,15 +298,13 @@ class Collection:
         return self._lines[key]
 
     def _measure_line(self, identity: ModelIdentity) -> WeakLine | None:
-        count = self.index.store.count()
-        if count == 0 or count > MAX_MEASURED_ITEMS:
-            return None
+        if not 0 < self.index.store.count() <= MAX_MEASURED_ITEMS:
+            return None  # before embedding the texts: the line would not be measured
         results = self.plugin.generate_text_embedding_batch(random_texts())
         vectors = [r.embedding for r in results if r.ok and r.embedding is not None]
         if len(vectors) != len(results):
             return None
-        _, images = self.index.store.load_vectors(identity.dim)
-        return measure_weak_line(np.stack(vectors), images)
+        return weak_line(self.index, np.stack(vectors), identity.dim)
 
     def close(self) -> None:
         """Close what :meth:`open` opened (a collection built from parts leaves them open)."""
@@ -359,6 +365,45 @@ def browse(
         order="-taken" if sort == "score" else sort,
     )
     return Matches(hits=page.hits)
+
+
+def choose_cut(
+    cut: Cut | str | float | None,
+    *,
+    texts_only: bool,
+    line: WeakLine | None = None,
+    later_page: bool = False,
+) -> Cut:
+    """The cut a search applies: ``cut`` as given (a :class:`Cut`, ``auto``, ``none`` or a
+    score); when none is given, ``auto`` for a vector search made of texts only (the line is
+    measured with texts) and ``none`` otherwise (images, fused ranks, browsing). A later page
+    of an ``auto`` search ends at the ``line`` only: its first page ended at no gap."""
+    chosen = cut if isinstance(cut, Cut) else Cut.parse(cut)
+    if cut is None and not texts_only:
+        chosen = Cut(auto=False)
+    if later_page and chosen.auto:
+        chosen = Cut(auto=False, score=line.score) if line is not None else Cut(auto=False)
+    return chosen
+
+
+def cut_matches(
+    hits: list[Hit], cut: Cut, line: WeakLine | None, *, sort: str = "score"
+) -> Matches:
+    """The matches of ``hits`` (best first) under ``cut`` and this index's ``line``, in
+    ``sort`` order (:func:`sort_hits`)."""
+    result = cut_ranked([h.score for h in hits], cut, line)
+    kept = hits[: result.kept]
+    return Matches(hits=sort_hits(kept, sort), weaker=len(hits) - len(kept), cut=result)
+
+
+def weak_line(index: VectorIndex, texts: npt.NDArray[np.float32], dim: int) -> WeakLine | None:
+    """Where matches end on ``index`` for the model whose embeddings of
+    :func:`~themis_clip.index.relevance.random_texts` are ``texts`` (``dim`` wide); None for
+    an empty index or one of more than :data:`MAX_MEASURED_ITEMS`."""
+    if not 0 < index.store.count() <= MAX_MEASURED_ITEMS:
+        return None
+    _, images = index.store.load_vectors(dim)
+    return measure_weak_line(texts, images)
 
 
 def sort_hits(hits: list[Hit], sort: str) -> list[Hit]:

@@ -1,6 +1,7 @@
-"""``/search``'s query: its parts embedded (text and images here, the model's side; items and
-vectors from the request and the index), combined and run as one page
-(:mod:`themis_clip.index.query` does the arithmetic, modes and paging)."""
+"""``/search``'s query: its parts embedded through the server's batchers (items and vectors
+from the request and the index), combined and run as one page; the arithmetic, modes and
+paging are :mod:`themis_clip.index.query`'s, the cut, order and weak-match line
+:mod:`themis_clip.collection`'s, as for the library and the CLI."""
 
 from __future__ import annotations
 
@@ -12,15 +13,9 @@ from urllib.parse import quote
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.collection import sort_hits
+from themis_clip.collection import choose_cut, cut_matches, weak_line
 from themis_clip.index.query import QueryMode, combine, search_page
-from themis_clip.index.relevance import (
-    Cut,
-    WeakLine,
-    cut_ranked,
-    measure_weak_line,
-    random_texts,
-)
+from themis_clip.index.relevance import WeakLine, random_texts
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import parse_where
 from themis_clip.server.errors import APIError
@@ -30,9 +25,6 @@ from themis_clip.server.state import AppState
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["run_search"]
-
-#: above this many items no weak-match line is measured (see index/relevance.py)
-MAX_MEASURED_ITEMS = 200_000
 
 
 def _parts(body: SearchRequest) -> list[QueryPart]:
@@ -163,19 +155,18 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     hits, token, kind, space = await asyncio.to_thread(run)
     texts_only = current is not None and bool(parts) and all(p.text is not None for p in parts)
     line = await _weak_line(state, current) if texts_only and current is not None else None
-    cut = Cut.parse(body.cut)
-    if body.cut is None and not (texts_only and mode == QueryMode.VECTOR):
-        cut = Cut(auto=False)  # fused ranks and image queries are not cut unless asked
-    if body.cursor is not None and cut.auto:
-        # a later page: the first one ended at no gap, so the matches go on to the line
-        cut = Cut(auto=False, score=line.score) if line is not None else Cut(auto=False)
-    result = cut_ranked([h.score for h in hits], cut, line)
-    kept = hits[: result.kept]
-    if len(kept) < len(hits):
+    cut = choose_cut(
+        body.cut,
+        texts_only=texts_only and mode == QueryMode.VECTOR,
+        line=line,
+        later_page=body.cursor is not None,
+    )
+    matches = cut_matches(hits, cut, line, sort="score" if mode == QueryMode.BROWSE else body.sort)
+    if matches.weaker:
         token = None  # the matches end on this page
-    ordered = kept if mode == QueryMode.BROWSE else sort_hits(kept, body.sort)
-    out = {**results(ordered, kind, space), "next": token}
-    out["cut"] = {"at": result.at, "reason": result.reason, "weaker": len(hits) - len(kept)}
+    assert matches.cut is not None
+    out = {**results(matches.hits, kind, space), "next": token}
+    out["cut"] = {"at": matches.cut.at, "reason": matches.cut.reason, "weaker": matches.weaker}
     if line is not None:  # text → image: where a match stops meaning one
         out["weak_below"] = line.score
         out["weak_basis"] = line.describe()
@@ -183,7 +174,8 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
 
 
 async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None:
-    """The weak-match line of this model on this index (index/relevance.py), cached per version."""
+    """:func:`~themis_clip.collection.weak_line` of this model on this index, its random
+    texts embedded through the server's batcher; cached per model and index version."""
     idx = state.require_index()
 
     def version() -> int:
@@ -197,14 +189,7 @@ async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None
     if not all(r.ok and r.model_id == current.model_id for r in texts):
         return None
     text_vectors = np.stack([r.embedding for r in texts if r.embedding is not None])
-
-    def measure() -> WeakLine | None:
-        if idx.store.count() > MAX_MEASURED_ITEMS:
-            return None  # loading every vector to sample them would cost more than it tells
-        _, vectors = idx.store.load_vectors(current.dim)
-        return measure_weak_line(text_vectors, vectors)
-
-    line = await asyncio.to_thread(measure)
+    line = await asyncio.to_thread(weak_line, idx, text_vectors, current.dim)
     state.weak_lines.clear()  # one line is kept: this model's, on this version of the index
     state.weak_lines[key] = line
     return line
