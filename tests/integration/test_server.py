@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ from tests.helpers import HOSTILE_TEXT, ServerProcess, hostile_tokenizer_model, 
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.index.stores.sqlite import IndexStore
 from themis_clip.runtime import ORTSession, create_session
-from themis_clip.server import ServerSettings, create_app
+from themis_clip.server import ServerSettings, create_app, schemas
 
 TOKEN = "s3cret-token"
 
@@ -93,6 +94,76 @@ def test_health_ready_stats_metrics_docs_page(client: TestClient) -> None:
     assert client.get("/openapi.json").json()["info"]["title"] == "themis-clip"
     assert client.get("/docs").status_code == 200
     assert '<form id="form">' in client.get("/").text
+
+
+def test_docs_group_the_routes_in_markdown_and_redoc_leads_there(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    operations = [op for path in schema["paths"].values() for op in path.values()]
+    assert all(op.get("tags") for op in operations)  # none under "default"
+    assert [t["name"] for t in schema["tags"]] == sorted(
+        {tag for op in operations for tag in op["tags"]},
+        key=[t["name"] for t in schema["tags"]].index,
+    )
+    text = json.dumps(schema)
+    assert "``" not in text and ":mod:" not in text and ":func:" not in text
+    search = schema["paths"]["/search"]["post"]
+    assert "`next`" in search["description"]
+    for path, methods in schema["paths"].items():
+        for method, op in methods.items():
+            (media, body), *_ = op["responses"]["200"]["content"].items()
+            assert body.get("schema", {}).get("$ref") or media == "image/jpeg", (method, path)
+    r = client.get("/redoc", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/docs"
+
+
+def test_json_answers_are_what_the_docs_show(client: TestClient) -> None:
+    """Each JSON route's real answer validates against the model ``/docs`` shows for it,
+    which refuses keys it does not document."""
+    models = {}
+    for path, methods in client.get("/openapi.json").json()["paths"].items():
+        for method, op in methods.items():
+            json_body = op["responses"]["200"]["content"].get("application/json")
+            if json_body is not None:
+                name = json_body["schema"]["$ref"].rsplit("/", 1)[-1]
+                models[method.upper(), path] = getattr(schemas, name)
+    checked = set()
+
+    def check(method: str, path: str, url: str | None = None, **kw: Any) -> Any:
+        r = client.request(method, url or path, **kw)
+        assert r.status_code == 200, (path, r.text)
+        models[method, path].model_validate(r.json())
+        checked.add((method, path))
+        return r.json()
+
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    check("GET", "/healthz")
+    check("GET", "/readyz")
+    model = check("GET", "/v1/models")["data"][0]["id"]
+    check("GET", "/v1/models/{model}", f"/v1/models/{model}")
+    image = data_url(png(1))
+    check("POST", "/v1/embeddings", json={"input": ["a dog", image], "language": "eng_Latn"})
+    check("POST", "/v1/embeddings", json={"input": "a dog", "encoding_format": "base64"})
+    check("POST", "/embed/image", content=png(1), headers={"content-type": "image/png"})
+    check("POST", "/embed/text", json={"texts": ["a", "b"], "language": "eng_Latn"})
+    check("POST", "/v1/classify", json={"image": image, "labels": ["dog", "cat"]})
+    check("POST", "/rank", json={"text": "a dog", "images": [image, data_url(png(2))]})
+    items = [
+        {"id": f"p{i}", "image": data_url(png(i)), "metadata": {"taken": f"2020-0{i + 1}-01"}}
+        for i in range(3)
+    ]
+    check("POST", "/index/items", json={"items": items})
+    check("POST", "/search", json={"text": "a dog"})
+    check("POST", "/search", json={"item": "p0", "k": 2, "cut": "none"})
+    check("POST", "/search", json={"mode": "browse", "sort": "taken"})
+    check("GET", "/index/info")
+    check("GET", "/index/filters")
+    check("GET", "/index/photo-facets")
+    check("GET", "/duplicates", "/duplicates?threshold=0.5")
+    check("GET", "/items/{key}", "/items/p1")
+    check("GET", "/stats")
+    check("GET", "/admin/stats", headers=admin)
+    check("POST", "/admin/reload", json={"path": "a"}, headers=admin)
+    assert checked == set(models)
 
 
 def test_embeddings_match_the_plugin(client: TestClient, model_root: Path) -> None:

@@ -7,7 +7,8 @@ The factory only assembles: state (:mod:`.state`), middleware (:mod:`.middleware
 /embed/image``, ``POST /embed/text``, ``POST /index/items``, ``POST /search``, ``GET
 /index/info``, ``GET /index/filters``, ``GET /items/{id}`` (and ``/thumbnail``, ``/preview``),
 ``GET /healthz``, ``GET /readyz``, ``GET /stats``, ``GET /metrics``, ``POST /admin/reload``,
-``GET /admin/stats``, ``GET /`` (search page); OpenAPI at ``/docs``. Concurrent single-item
+``GET /admin/stats``, ``GET /`` (search page); OpenAPI at ``/docs`` (``/redoc`` redirects
+there). Concurrent single-item
 requests are coalesced by :class:`MicroBatcher`; all model and index work runs in threads.
 """
 
@@ -127,7 +128,9 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         docs_url=None,  # served offline by routes/docs.py, under the page's CSP
         redoc_url=None,
         description="CLIP image and text embeddings and multi-modal search on ONNX Runtime",
+        openapi_tags=docs.TAGS,
     )
+    app.openapi = docs.markdown_openapi(app)  # type: ignore[method-assign]
     app.state.themis = state
     routers = [m.router for m in (ops, embeddings, search, classify, admin, docs, duplicates)]
     routers += [ops.public, search.writes]

@@ -163,3 +163,190 @@ class RankRequest(_Strict):
         default=None, min_length=1, max_length=256, description="base64 images or data URLs"
     )
     language: str | None = _language()
+
+
+# -- answers: what the JSON routes return, shown in /docs (the routes build plain dicts; a test
+# -- checks real answers against these models, extra keys refused) ---------------------------
+
+
+class Health(_Strict):
+    status: Literal["ok"]
+
+
+class Readiness(_Strict):
+    """503 until the model is loaded and warmed up."""
+
+    ready: bool
+    model_id: str | None
+
+
+class ModelCard(_Strict):
+    """The served model, in OpenAI's ``model`` object plus what a CLIP client needs."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    name: str
+    embedding_dim: int
+    modalities: list[Literal["image", "text"]]
+    image_size: int | None
+    source: dict[str, Any] | None = Field(description="catalogue name, repo and commit")
+
+
+class ModelList(_Strict):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class OpenAIEmbedding(_Strict):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian f32")
+    truncated: bool
+
+
+class OpenAIUsage(_Strict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddings(_Strict):
+    """OpenAI's embeddings list; header ``X-Truncated-Inputs`` counts the truncated texts."""
+
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str | None
+    usage: OpenAIUsage
+    language_ignored: bool | None = Field(default=None, description="the model takes none")
+
+
+class ImageEmbedding(_Strict):
+    embedding: list[float]
+    dim: int
+    model_id: str | None
+    latency_ms: float
+
+
+class TextEmbeddings(_Strict):
+    embeddings: list[list[float]]
+    truncated: list[bool]
+    model_id: str | None
+    language_ignored: bool | None = Field(default=None, description="the model takes none")
+
+
+class LabelProbability(_Strict):
+    label: str
+    probability: float
+    logit: float
+    cosine: float
+
+
+class Classification(_Strict):
+    """The labels in the order given."""
+
+    labels: list[LabelProbability]
+    model_id: str | None
+    scoring: Literal["softmax", "sigmoid"]
+
+
+class RankedCandidate(_Strict):
+    index: int = Field(description="the candidate's position in the request")
+    cosine: float
+    probability: float
+
+
+class Ranking(_Strict):
+    """The candidates, best first."""
+
+    ranking: list[RankedCandidate]
+    model_id: str | None
+
+
+class ItemsAdded(_Strict):
+    added: int
+    ids: list[str]
+    model_id: str
+
+
+class Item(_Strict):
+    """An indexed item; ``thumbnail`` and ``preview`` are its pictures' URLs."""
+
+    id: str
+    score: float | None = Field(default=None, description="in search results: the ranking score")
+    path: str | None
+    size: int | None = Field(default=None, description="the file's bytes (items only)")
+    metadata: dict[str, Any] | None
+    thumbnail: str
+    preview: str
+
+
+class CutSummary(_Strict):
+    at: float | None = Field(description="the score the matches end at")
+    reason: str
+    weaker: int = Field(description="hits below the cut, left out")
+
+
+class SearchResults(_Strict):
+    """One page; ``next`` continues it (null: the last page)."""
+
+    results: list[Item]
+    model_id: str
+    mode: str = Field(description="how the index searched: exact or a graph")
+    next: str | None
+    cut: CutSummary
+    weak_below: float | None = Field(default=None, description="text queries: the weak line")
+    weak_basis: str | None = Field(default=None, description="how the weak line was measured")
+
+
+class IndexInfo(_Strict):
+    items: int
+    mode: str
+    graph_building: bool
+    store: str
+    search_plan: dict[str, Any] | None
+    model_id: str | None = Field(description="the model that built the index")
+    dim: int | None
+    server_model_id: str | None
+    comparable: bool = Field(description="the served model can search this index")
+
+
+class MetadataKeys(_Strict):
+    keys: list[dict[str, Any]] = Field(description="each key with its item count and values")
+
+
+class PhotoFacets(_Strict):
+    taken: dict[str, Any] | None = Field(description="first and last capture time")
+    makes: list[dict[str, Any]] = Field(description="camera makes with their counts")
+
+
+class DuplicateGroups(_Strict):
+    """Groups most similar first, each with its tier, items and suggested keeper."""
+
+    threshold: float
+    window_s: float
+    groups: list[dict[str, Any]]
+
+
+class Reloaded(_Strict):
+    """200 when the new model serves; 202 (``pulling``) while a named model downloads."""
+
+    reloaded: bool
+    model_id: str | None = None
+    generation: int | None = None
+    space_changed: bool | None = None
+    pulling: str | None = None
+    status: str | None = None
+
+
+class Statistics(BaseModel):
+    """The plugin's statistics (the seed's names: calls, latency, backend, model) and the
+    server's; the key set follows the runtime and the model."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def answer(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """A route's ``responses``: ``model`` as its 200 body in ``/docs``, not validated at run
+    time (the answers are built as dicts; large vectors are not copied through pydantic)."""
+    return {200: {"model": model}}

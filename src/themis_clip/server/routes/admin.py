@@ -23,16 +23,16 @@ from themis_clip.server.access import ADMIN
 from themis_clip.server.bodies import documented, read_model
 from themis_clip.server.errors import APIError
 from themis_clip.server.routes import ops
-from themis_clip.server.schemas import ReloadRequest
+from themis_clip.server.schemas import Reloaded, ReloadRequest, Statistics, answer
 from themis_clip.server.state import AppState, StateDep
 from themis_clip.vocabulary import ModelIdentity
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/admin", dependencies=[ADMIN])
+router = APIRouter(prefix="/admin", dependencies=[ADMIN], tags=["admin"])
 
 
-@router.get("/stats")
+@router.get("/stats", responses=answer(Statistics))
 async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     """All statistics, reload errors with their paths and runtime messages included."""
     out = ops.full_stats(state)
@@ -48,7 +48,7 @@ async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     return out
 
 
-@router.post("/reload", openapi_extra=documented(ReloadRequest))
+@router.post("/reload", openapi_extra=documented(ReloadRequest), responses=answer(Reloaded))
 async def reload(request: Request, state: StateDep) -> Any:
     body = await read_model(request, ReloadRequest)
     settings = state.settings

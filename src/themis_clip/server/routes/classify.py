@@ -11,17 +11,19 @@ from themis_clip.server.access import SEARCH
 from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import check_key, check_text, decode_image_fields, raise_for
-from themis_clip.server.schemas import ClassifyRequest, RankRequest
+from themis_clip.server.schemas import Classification, ClassifyRequest, Ranking, RankRequest, answer
 from themis_clip.server.state import StateDep
 from themis_clip.zeroshot import check_labels
 
-router = APIRouter(dependencies=[SEARCH])
+router = APIRouter(dependencies=[SEARCH], tags=["zero-shot"])
 
 #: labels embedded per step of a large /v1/classify (see ``classify``)
 LABEL_PIECE = 64
 
 
-@router.post("/v1/classify", openapi_extra=documented(ClassifyRequest))
+@router.post(
+    "/v1/classify", openapi_extra=documented(ClassifyRequest), responses=answer(Classification)
+)
 async def classify(
     body: Annotated[ClassifyRequest, json_body(ClassifyRequest)], state: StateDep
 ) -> dict[str, Any]:
@@ -91,7 +93,7 @@ async def classify(
     }
 
 
-@router.post("/rank", openapi_extra=documented(RankRequest))
+@router.post("/rank", openapi_extra=documented(RankRequest), responses=answer(Ranking))
 async def rank(
     body: Annotated[RankRequest, json_body(RankRequest)], state: StateDep
 ) -> dict[str, Any]:

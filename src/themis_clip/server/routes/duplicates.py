@@ -18,12 +18,13 @@ from themis_clip.index.duplicates import (
 )
 from themis_clip.preprocess.image import same_pixels
 from themis_clip.server.access import SEARCH
+from themis_clip.server.schemas import DuplicateGroups, PhotoFacets, answer
 from themis_clip.server.state import StateDep
 
-router = APIRouter(dependencies=[SEARCH])  # what search keys may read
+router = APIRouter(dependencies=[SEARCH], tags=["index"])  # what search keys may read
 
 
-@router.get("/duplicates")
+@router.get("/duplicates", responses=answer(DuplicateGroups))
 async def duplicates(
     state: StateDep,
     threshold: float = Query(default=DEFAULT_THRESHOLD, ge=-1.0, le=1.0),
@@ -62,7 +63,7 @@ async def duplicates(
     return {"threshold": threshold, "window_s": window_s, "groups": out}
 
 
-@router.get("/index/photo-facets")
+@router.get("/index/photo-facets", responses=answer(PhotoFacets))
 async def photo_facets(state: StateDep) -> dict[str, Any]:
     """``{"taken": {"first", "last"} | null, "makes": [{"make", "count"}]}``."""
     idx = state.require_index()

@@ -17,10 +17,19 @@ from themis_clip.server.access import SEARCH
 from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import decode_image_fields, raise_for, vector
-from themis_clip.server.schemas import OpenAIEmbeddingsRequest, TextRequest
+from themis_clip.server.schemas import (
+    ImageEmbedding,
+    ModelCard,
+    ModelList,
+    OpenAIEmbeddings,
+    OpenAIEmbeddingsRequest,
+    TextEmbeddings,
+    TextRequest,
+    answer,
+)
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter(dependencies=[SEARCH])
+router = APIRouter(dependencies=[SEARCH], tags=["embeddings"])
 
 MAX_INPUTS = 2048
 _MAX_MANIFEST_BYTES = 1 << 20
@@ -97,13 +106,13 @@ def _model_card(state: AppState) -> dict[str, Any]:
     }
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=answer(ModelList))
 async def list_models(state: StateDep) -> dict[str, Any]:
     """The served model, in OpenAI's model-list format (plus dimension and modalities)."""
     return {"object": "list", "data": [_model_card(state)]}
 
 
-@router.get("/v1/models/{model:path}")
+@router.get("/v1/models/{model:path}", responses=answer(ModelCard))
 async def get_model(model: str, state: StateDep) -> dict[str, Any]:
     _require_model(model, state.require_ready())
     return _model_card(state)
@@ -158,7 +167,11 @@ def _is_image(inputs: list[str], modality: str | None) -> list[bool]:
     return images
 
 
-@router.post("/v1/embeddings", openapi_extra=documented(OpenAIEmbeddingsRequest))
+@router.post(
+    "/v1/embeddings",
+    openapi_extra=documented(OpenAIEmbeddingsRequest),
+    responses=answer(OpenAIEmbeddings),
+)
 async def openai_embeddings(
     body: Annotated[OpenAIEmbeddingsRequest, json_body(OpenAIEmbeddingsRequest)],
     state: StateDep,
@@ -233,7 +246,7 @@ async def openai_embeddings(
     return out
 
 
-@router.post("/embed/image")
+@router.post("/embed/image", responses=answer(ImageEmbedding))
 async def embed_image(request: Request, state: StateDep) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
@@ -256,7 +269,7 @@ async def embed_image(request: Request, state: StateDep) -> dict[str, Any]:
     }
 
 
-@router.post("/embed/text", openapi_extra=documented(TextRequest))
+@router.post("/embed/text", openapi_extra=documented(TextRequest), responses=answer(TextEmbeddings))
 async def embed_text(
     body: Annotated[TextRequest, json_body(TextRequest)], state: StateDep
 ) -> dict[str, Any]:

@@ -13,10 +13,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from themis_clip.server.access import METRICS, PUBLIC
 from themis_clip.server.errors import APIError
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
+from themis_clip.server.schemas import Health, Readiness, Statistics, answer
 from themis_clip.server.state import AppState, StateDep
 
-public = APIRouter(dependencies=[PUBLIC])  # no key: health, page
-router = APIRouter(dependencies=[METRICS])
+public = APIRouter(dependencies=[PUBLIC], tags=["operations"])  # no key: health, page
+router = APIRouter(dependencies=[METRICS], tags=["operations"])
 
 
 @public.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -40,12 +41,12 @@ async def static_asset(name: str) -> Response:
     )
 
 
-@public.get("/healthz")
+@public.get("/healthz", responses=answer(Health))
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@public.get("/readyz")
+@public.get("/readyz", responses=answer(Readiness))
 async def readyz(state: StateDep) -> JSONResponse:
     ready = state.ready and state.plugin.is_ready()
     return JSONResponse(
@@ -67,7 +68,7 @@ def public_stats(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.get("/stats")
+@router.get("/stats", responses=answer(Statistics))
 async def stats(state: StateDep) -> dict[str, Any]:
     """Statistics for anyone who can reach the service: no paths, no runtime messages."""
     return public_stats(full_stats(state))

@@ -19,14 +19,25 @@ from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import check_key, decode_image_fields, raise_for
 from themis_clip.server.querying import run_search
-from themis_clip.server.schemas import IndexItemsRequest, SearchRequest
+from themis_clip.server.schemas import (
+    IndexInfo,
+    IndexItemsRequest,
+    Item,
+    ItemsAdded,
+    MetadataKeys,
+    SearchRequest,
+    SearchResults,
+    answer,
+)
 from themis_clip.server.state import AppState, StateDep
 
-router = APIRouter(dependencies=[SEARCH])
-writes = APIRouter(dependencies=[WRITE])  # ingest needs no search
+router = APIRouter(dependencies=[SEARCH], tags=["index"])
+writes = APIRouter(dependencies=[WRITE], tags=["index"])  # ingest needs no search
 
 
-@writes.post("/index/items", openapi_extra=documented(IndexItemsRequest))
+@writes.post(
+    "/index/items", openapi_extra=documented(IndexItemsRequest), responses=answer(ItemsAdded)
+)
 async def index_items(
     body: Annotated[IndexItemsRequest, json_body(IndexItemsRequest)], state: StateDep
 ) -> dict[str, Any]:
@@ -74,7 +85,7 @@ async def index_items(
     return {"added": len(rows), "ids": [r.key for r in rows], "model_id": current.model_id}
 
 
-@router.post("/search", openapi_extra=documented(SearchRequest))
+@router.post("/search", openapi_extra=documented(SearchRequest), responses=answer(SearchResults))
 async def search(
     body: Annotated[SearchRequest, json_body(SearchRequest)], state: StateDep
 ) -> dict[str, Any]:
@@ -83,7 +94,7 @@ async def search(
     return await run_search(body, state)
 
 
-@router.get("/index/info")
+@router.get("/index/info", responses=answer(IndexInfo))
 async def index_info(state: StateDep) -> dict[str, Any]:
     """What the search page's header shows: size, search mode, the index's and server's model."""
     idx = state.require_index()
@@ -113,7 +124,7 @@ async def index_info(state: StateDep) -> dict[str, Any]:
     return await asyncio.to_thread(read)
 
 
-@router.get("/index/filters")
+@router.get("/index/filters", responses=answer(MetadataKeys))
 async def index_filters(state: StateDep) -> dict[str, Any]:
     """The metadata keys the index holds, with item counts and their most common values."""
     idx = state.require_index()
@@ -124,7 +135,13 @@ async def index_filters(state: StateDep) -> dict[str, Any]:
     return {"keys": await asyncio.to_thread(read)}
 
 
-@router.get("/items/{key:path}/thumbnail")
+#: the picture routes' answer in /docs
+JPEG: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"image/jpeg": {}}, "description": "a JPEG"}
+}
+
+
+@router.get("/items/{key:path}/thumbnail", response_class=Response, responses=JPEG)
 async def thumbnail(key: str, state: StateDep) -> Response:
     return await _picture(state, key, 192)
 
@@ -132,7 +149,7 @@ async def thumbnail(key: str, state: StateDep) -> Response:
 MAX_PREVIEW = 1024
 
 
-@router.get("/items/{key:path}/preview")
+@router.get("/items/{key:path}/preview", response_class=Response, responses=JPEG)
 async def preview(key: str, state: StateDep, size: int = 768) -> Response:
     """A larger JPEG of the item for the viewer: at most ``size`` (64-1024) px a side. Items
     added over HTTP have only their stored thumbnail; the original file is never served."""
@@ -170,7 +187,7 @@ async def _picture(state: AppState, key: str, size: int) -> Response:
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
 
-@router.get("/items/{key:path}")
+@router.get("/items/{key:path}", responses=answer(Item))
 async def item_info(key: str, state: StateDep) -> dict[str, Any]:
     """One indexed item: id, path (as the index recorded it), size, metadata, pictures."""
     idx = state.require_index()
