@@ -1,4 +1,4 @@
-"""Model families as data: the one table of each family's rules (style example 16).
+"""Model families as data: the one table of each family's rules.
 
 A family is what a checkpoint's ``config.json`` ``model_type`` names. Its entry says how text
 becomes token ids (the :class:`~themis_clip.models.spec.TextSpec` the exporter writes into the

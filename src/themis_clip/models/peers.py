@@ -1,4 +1,4 @@
-"""Model directories exported by other projects, loaded as they are (REFERENCE.md §3).
+"""Model directories exported by other projects, loaded as they are.
 
 =================  =========================================================================
 layout             recognised by
