@@ -241,8 +241,8 @@ class Collection:
         """The ``k`` items nearest ``query`` (a :class:`Query` or a text), best first.
 
         ``hybrid`` fuses the vector ranking with a word match of the query's text. ``cut``
-        ends the ranking where relevance ends (:mod:`~themis_clip.index.relevance`): ``auto``
-        (the default for a query of texts only), ``none`` (the default otherwise) or a score.
+        ends the ranking where relevance ends (:func:`choose_cut`): ``auto`` (the default for
+        a query made of texts only, not hybrid), ``none`` (the default otherwise) or a score.
         ``sort`` orders the matches: ``score``, ``taken`` / ``-taken`` (capture time, oldest /
         newest first; undated last), ``mtime`` (newest file first) or ``name``.
         Raises :class:`~themis_clip.errors.IndexModelMismatchError` for an index made by

@@ -51,6 +51,10 @@ def test_a_library_user_gets_exif_dates_and_the_clis_queries(
         plain = collection.query_vector(Query(text="a photo"))
         shifted = collection.query_vector(Query(text="a photo", subtract=[str(probe)]))
         assert np.isclose(np.linalg.norm(shifted), 1.0) and not np.allclose(plain, shifted)
+        # the cut rule /search has: only a query made of texts is cut at the texts' line
+        minus_image = collection.search(Query(text="a photo", subtract=[str(probe)]), k=6)
+        assert minus_image.cut is not None and minus_image.cut.reason == "not cut (cut: none)"
+        assert len(minus_image) == 6
         with pytest.raises(InputError, match="no image file missing/x.jpg"):
             collection.query_vector(Query(text="a photo", add=["missing/x.jpg"]))
         assert collection.search("2023", k=3, hybrid=True)  # fused ranks: not cut

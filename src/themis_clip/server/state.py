@@ -41,7 +41,7 @@ class AppState:
     index_lock: threading.Lock = field(default_factory=threading.Lock)
     image_batcher: MicroBatcher[bytes, EmbeddingResult] | None = None
     text_batcher: MicroBatcher[tuple[str, str | None], EmbeddingResult] | None = None
-    #: (model id, index write version) → the weak-match line measured there (index/relevance.py)
+    #: (model id, index write version) → the weak-match line measured there (collection.weak_line)
     weak_lines: dict[tuple[str, int], Any] = field(default_factory=dict)
     #: (index write version, threshold) → the duplicate groups found there, one computation
     #: at a time (server/routes/duplicates.py): a client cannot make the server repeat it
