@@ -106,6 +106,7 @@ def test_docs_group_the_routes_in_markdown_and_redoc_leads_there(client: TestCli
     )
     text = json.dumps(schema)
     assert "``" not in text and ":mod:" not in text and ":func:" not in text
+    assert "HTTPValidationError" not in text  # FastAPI's body, which this service never sends
     search = schema["paths"]["/search"]["post"]
     assert "`next`" in search["description"]
     for path, methods in schema["paths"].items():
@@ -164,6 +165,14 @@ def test_json_answers_are_what_the_docs_show(client: TestClient) -> None:
     check("GET", "/admin/stats", headers=admin)
     check("POST", "/admin/reload", json={"path": "a"}, headers=admin)
     assert checked == set(models)
+    for r in (
+        client.get("/items/nope"),
+        client.get("/duplicates?threshold=5"),
+        client.post("/search", content=b"{", headers={"content-type": "application/json"}),
+        client.post("/v1/embeddings", json={"input": "x", "model": "other"}),
+    ):
+        assert r.status_code in (400, 404, 422), r.text
+        schemas.ErrorAnswer.model_validate(r.json())
 
 
 def test_embeddings_match_the_plugin(client: TestClient, model_root: Path) -> None:

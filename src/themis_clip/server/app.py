@@ -38,6 +38,7 @@ from themis_clip.server.middleware import (
     StrictFraming,
 )
 from themis_clip.server.routes import admin, classify, docs, duplicates, embeddings, ops, search
+from themis_clip.server.schemas import ERRORS
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState, text_batch_fn
 
@@ -129,6 +130,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         redoc_url=None,
         description="CLIP image and text embeddings and multi-modal search on ONNX Runtime",
         openapi_tags=docs.TAGS,
+        responses=ERRORS,
     )
     app.openapi = docs.markdown_openapi(app)  # type: ignore[method-assign]
     app.state.themis = state

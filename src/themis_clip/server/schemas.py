@@ -346,7 +346,29 @@ class Statistics(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def answer(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    """A route's ``responses``: ``model`` as its 200 body in ``/docs``, not validated at run
-    time (the answers are built as dicts; large vectors are not copied through pydantic)."""
-    return {200: {"model": model}}
+class ErrorDetail(BaseModel):
+    """``type`` names the problem's kind (``ValidationError``, ``NotFound``, ``BadJSON``, ...);
+    the OpenAI routes add ``param`` and ``code`` as OpenAI does."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    message: str
+
+
+class ErrorAnswer(_Strict):
+    """Every error the service answers (429 and 503 come with ``Retry-After``)."""
+
+    error: ErrorDetail
+
+
+#: the app's error answers in /docs (instead of FastAPI's own validation body, never sent)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorAnswer, "description": "the request cannot be answered as sent"},
+    "5XX": {"model": ErrorAnswer, "description": "the service cannot answer now"},
+}
+
+
+def answer(model: type[BaseModel]) -> dict[str, Any]:
+    """A route decorator's arguments: ``model`` as its 200 body in ``/docs``, not validated at
+    run time (the answers are built as dicts; large vectors are not copied through pydantic)."""
+    return {"responses": {200: {"model": model}}, "response_model": None}

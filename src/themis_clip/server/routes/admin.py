@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", dependencies=[ADMIN], tags=["admin"])
 
 
-@router.get("/stats", responses=answer(Statistics))
+@router.get("/stats", **answer(Statistics))
 async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     """All statistics, reload errors with their paths and runtime messages included."""
     out = ops.full_stats(state)
@@ -48,7 +48,7 @@ async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     return out
 
 
-@router.post("/reload", openapi_extra=documented(ReloadRequest), responses=answer(Reloaded))
+@router.post("/reload", openapi_extra=documented(ReloadRequest), **answer(Reloaded))
 async def reload(request: Request, state: StateDep) -> Any:
     body = await read_model(request, ReloadRequest)
     settings = state.settings

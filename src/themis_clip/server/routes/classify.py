@@ -21,9 +21,7 @@ router = APIRouter(dependencies=[SEARCH], tags=["zero-shot"])
 LABEL_PIECE = 64
 
 
-@router.post(
-    "/v1/classify", openapi_extra=documented(ClassifyRequest), responses=answer(Classification)
-)
+@router.post("/v1/classify", openapi_extra=documented(ClassifyRequest), **answer(Classification))
 async def classify(
     body: Annotated[ClassifyRequest, json_body(ClassifyRequest)], state: StateDep
 ) -> dict[str, Any]:
@@ -93,7 +91,7 @@ async def classify(
     }
 
 
-@router.post("/rank", openapi_extra=documented(RankRequest), responses=answer(Ranking))
+@router.post("/rank", openapi_extra=documented(RankRequest), **answer(Ranking))
 async def rank(
     body: Annotated[RankRequest, json_body(RankRequest)], state: StateDep
 ) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from themis_clip.server.state import StateDep
 router = APIRouter(dependencies=[SEARCH], tags=["index"])  # what search keys may read
 
 
-@router.get("/duplicates", responses=answer(DuplicateGroups))
+@router.get("/duplicates", **answer(DuplicateGroups))
 async def duplicates(
     state: StateDep,
     threshold: float = Query(default=DEFAULT_THRESHOLD, ge=-1.0, le=1.0),
@@ -63,7 +63,7 @@ async def duplicates(
     return {"threshold": threshold, "window_s": window_s, "groups": out}
 
 
-@router.get("/index/photo-facets", responses=answer(PhotoFacets))
+@router.get("/index/photo-facets", **answer(PhotoFacets))
 async def photo_facets(state: StateDep) -> dict[str, Any]:
     """``{"taken": {"first", "last"} | null, "makes": [{"make", "count"}]}``."""
     idx = state.require_index()

@@ -106,13 +106,13 @@ def _model_card(state: AppState) -> dict[str, Any]:
     }
 
 
-@router.get("/v1/models", responses=answer(ModelList))
+@router.get("/v1/models", **answer(ModelList))
 async def list_models(state: StateDep) -> dict[str, Any]:
     """The served model, in OpenAI's model-list format (plus dimension and modalities)."""
     return {"object": "list", "data": [_model_card(state)]}
 
 
-@router.get("/v1/models/{model:path}", responses=answer(ModelCard))
+@router.get("/v1/models/{model:path}", **answer(ModelCard))
 async def get_model(model: str, state: StateDep) -> dict[str, Any]:
     _require_model(model, state.require_ready())
     return _model_card(state)
@@ -170,7 +170,7 @@ def _is_image(inputs: list[str], modality: str | None) -> list[bool]:
 @router.post(
     "/v1/embeddings",
     openapi_extra=documented(OpenAIEmbeddingsRequest),
-    responses=answer(OpenAIEmbeddings),
+    **answer(OpenAIEmbeddings),
 )
 async def openai_embeddings(
     body: Annotated[OpenAIEmbeddingsRequest, json_body(OpenAIEmbeddingsRequest)],
@@ -246,7 +246,7 @@ async def openai_embeddings(
     return out
 
 
-@router.post("/embed/image", responses=answer(ImageEmbedding))
+@router.post("/embed/image", **answer(ImageEmbedding))
 async def embed_image(request: Request, state: StateDep) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
@@ -269,7 +269,7 @@ async def embed_image(request: Request, state: StateDep) -> dict[str, Any]:
     }
 
 
-@router.post("/embed/text", openapi_extra=documented(TextRequest), responses=answer(TextEmbeddings))
+@router.post("/embed/text", openapi_extra=documented(TextRequest), **answer(TextEmbeddings))
 async def embed_text(
     body: Annotated[TextRequest, json_body(TextRequest)], state: StateDep
 ) -> dict[str, Any]:

@@ -41,12 +41,12 @@ async def static_asset(name: str) -> Response:
     )
 
 
-@public.get("/healthz", responses=answer(Health))
+@public.get("/healthz", **answer(Health))
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@public.get("/readyz", responses=answer(Readiness))
+@public.get("/readyz", **answer(Readiness))
 async def readyz(state: StateDep) -> JSONResponse:
     ready = state.ready and state.plugin.is_ready()
     return JSONResponse(
@@ -68,7 +68,7 @@ def public_stats(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.get("/stats", responses=answer(Statistics))
+@router.get("/stats", **answer(Statistics))
 async def stats(state: StateDep) -> dict[str, Any]:
     """Statistics for anyone who can reach the service: no paths, no runtime messages."""
     return public_stats(full_stats(state))

@@ -35,9 +35,7 @@ router = APIRouter(dependencies=[SEARCH], tags=["index"])
 writes = APIRouter(dependencies=[WRITE], tags=["index"])  # ingest needs no search
 
 
-@writes.post(
-    "/index/items", openapi_extra=documented(IndexItemsRequest), responses=answer(ItemsAdded)
-)
+@writes.post("/index/items", openapi_extra=documented(IndexItemsRequest), **answer(ItemsAdded))
 async def index_items(
     body: Annotated[IndexItemsRequest, json_body(IndexItemsRequest)], state: StateDep
 ) -> dict[str, Any]:
@@ -85,7 +83,7 @@ async def index_items(
     return {"added": len(rows), "ids": [r.key for r in rows], "model_id": current.model_id}
 
 
-@router.post("/search", openapi_extra=documented(SearchRequest), responses=answer(SearchResults))
+@router.post("/search", openapi_extra=documented(SearchRequest), **answer(SearchResults))
 async def search(
     body: Annotated[SearchRequest, json_body(SearchRequest)], state: StateDep
 ) -> dict[str, Any]:
@@ -94,7 +92,7 @@ async def search(
     return await run_search(body, state)
 
 
-@router.get("/index/info", responses=answer(IndexInfo))
+@router.get("/index/info", **answer(IndexInfo))
 async def index_info(state: StateDep) -> dict[str, Any]:
     """What the search page's header shows: size, search mode, the index's and server's model."""
     idx = state.require_index()
@@ -124,7 +122,7 @@ async def index_info(state: StateDep) -> dict[str, Any]:
     return await asyncio.to_thread(read)
 
 
-@router.get("/index/filters", responses=answer(MetadataKeys))
+@router.get("/index/filters", **answer(MetadataKeys))
 async def index_filters(state: StateDep) -> dict[str, Any]:
     """The metadata keys the index holds, with item counts and their most common values."""
     idx = state.require_index()
@@ -187,7 +185,7 @@ async def _picture(state: AppState, key: str, size: int) -> Response:
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
 
 
-@router.get("/items/{key:path}", responses=answer(Item))
+@router.get("/items/{key:path}", **answer(Item))
 async def item_info(key: str, state: StateDep) -> dict[str, Any]:
     """One indexed item: id, path (as the index recorded it), size, metadata, pictures."""
     idx = state.require_index()
