@@ -92,6 +92,9 @@ def _model_card(state: AppState) -> dict[str, Any]:
         "embedding_dim": identity.embedding_dim,
         "modalities": ["image", "text"] if stats["text_tower"] else ["image"],
         "image_size": stats["image_size"],
+        # Where it runs and in what arithmetic (bf16 under OpenVINO on AMX CPUs, else f32).
+        "backend": stats["backend"],
+        "precision": stats["precision"],
         # Served by name (models/hub): its catalogue name, repo, revision and commit.
         "source": hub.describe(plugin.config.model.path) if plugin.config else None,
     }
