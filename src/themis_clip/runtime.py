@@ -269,8 +269,8 @@ def plan_providers(
     name = next((c for c in candidates if c in available), None)
     if name is None:
         hint = (
-            "install themis-onnx-clip[openvino] (the onnxruntime-ep-openvino plugin); it "
-            "offers Intel CPUs, GPUs and NPUs only"
+            "install themis-onnx-clip[openvino] (the onnxruntime-ep-openvino plugin), which "
+            "offers Intel CPUs, GPUs and NPUs only (no device on other hardware)"
             if requested is BackendType.OPENVINO
             else "install the matching onnxruntime package"
         )
