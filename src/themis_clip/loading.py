@@ -88,7 +88,10 @@ def load_model(
     )
     plans = plan_providers(
         backend,
-        available if available is not None else available_providers(),
+        # an explicit CPU needs no probe (listing OpenVINO's devices loads its plugin)
+        available
+        if available is not None
+        else ([] if backend is BackendType.CPU else available_providers()),
         settings=settings,
     )
     sources = {
