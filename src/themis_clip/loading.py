@@ -38,6 +38,7 @@ from themis_clip.runtime import (
     ORTSession,
     ProviderPlan,
     SessionSettings,
+    auto_backend,
     available_providers,
     create_session,
     plan_providers,
@@ -86,6 +87,8 @@ def load_model(
         openvino_device=config.openvino.device,
         openvino_precision=config.openvino.precision,
     )
+    if backend is BackendType.AUTO:
+        backend = auto_backend()
     plans = plan_providers(
         backend,
         # an explicit CPU needs no probe (listing OpenVINO's devices loads its plugin)

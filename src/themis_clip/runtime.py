@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from themis_clip.errors import (
     BackendUnavailableError,
+    ConfigError,
     InferenceError,
     ModelFormatError,
     ModelNotFoundError,
@@ -55,11 +56,13 @@ from themis_clip.interface import BackendType
 from themis_clip.vocabulary import InferencePrecision, LoadingMode, OptimizationLevel
 
 __all__ = [
+    "BACKEND_ENV",
     "PROVIDER_NAMES",
     "ORTSession",
     "ProviderPlan",
     "SessionSettings",
     "TensorInfo",
+    "auto_backend",
     "available_providers",
     "cpu_flags",
     "create_session",
@@ -158,6 +161,27 @@ class SessionSettings:
     run_timeout_s: float | None = None
     openvino_device: str = "CPU"
     openvino_precision: InferencePrecision = InferencePrecision.AUTO
+
+
+BACKEND_ENV = "THEMIS_CLIP_BACKEND"
+
+
+def auto_backend() -> BackendType:
+    """What AUTO means in this process: the backend ``THEMIS_CLIP_BACKEND`` names where it is set
+    (a deployment's pin, or a test run's, so that results do not depend on the CPU's vendor),
+    else AUTO itself.
+
+    Raises:
+        ConfigError: the variable names no backend.
+    """
+    value = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if not value:
+        return BackendType.AUTO
+    try:
+        return BackendType(value)
+    except ValueError:
+        names = ", ".join(b.value for b in BackendType)
+        raise ConfigError(f"{BACKEND_ENV}={value!r} names no backend; use one of {names}") from None
 
 
 def available_providers() -> list[str]:

@@ -30,6 +30,9 @@ from themis_clip.runtime import (
 
 CPU = "CPUExecutionProvider"
 
+# AUTO as a user gets it (the suite pins CPU through THEMIS_CLIP_BACKEND).
+pytestmark = pytest.mark.usefixtures("auto_backend")
+
 
 def openvino_device() -> str | None:
     try:

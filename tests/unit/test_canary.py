@@ -26,6 +26,9 @@ OV = "OpenVINOExecutionProvider"
 
 Corruption = Callable[[np.ndarray], np.ndarray]
 
+# AUTO as a user gets it (the suite pins CPU through THEMIS_CLIP_BACKEND).
+pytestmark = pytest.mark.usefixtures("auto_backend")
+
 
 def same_vector(out: np.ndarray) -> np.ndarray:
     return np.repeat(out[:1], len(out), axis=0)
