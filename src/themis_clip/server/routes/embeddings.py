@@ -57,12 +57,12 @@ def served_model_names(plugin: OnnxClipPlugin) -> set[str]:
     return names
 
 
-def _takes_language(plugin: OnnxClipPlugin) -> bool:
+def takes_language(plugin: OnnxClipPlugin) -> bool:
     spec = plugin.model_spec
     return spec is not None and spec.text.takes_language
 
 
-def _require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
+def require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
     """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve."""
     if model is None or model in served_model_names(plugin):
         return
@@ -104,7 +104,7 @@ async def list_models(state: StateDep) -> dict[str, Any]:
 
 @router.get("/v1/models/{model:path}")
 async def get_model(model: str, state: StateDep) -> dict[str, Any]:
-    _require_model(model, state.require_ready())
+    require_model(model, state.require_ready())
     return _model_card(state)
 
 
@@ -214,7 +214,7 @@ async def openai_embeddings(
 ) -> dict[str, Any]:
     parts = _parts(body)
     plugin = state.require_ready()
-    _require_model(body.model, plugin)
+    require_model(body.model, plugin)
     if body.dimensions is not None:
         identity = plugin.model_identity
         dim = identity.embedding_dim if identity else None
@@ -247,7 +247,7 @@ async def openai_embeddings(
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     has_text = any(p.image is None for p in parts)
-    if body.language is not None and has_text and not _takes_language(plugin):
+    if body.language is not None and has_text and not takes_language(plugin):
         out["language_ignored"] = True
     return out
 
@@ -292,6 +292,6 @@ async def embed_text(
         "truncated": [r.truncated for r in results],
         "model_id": results[0].model_id,
     }
-    if body.language is not None and not _takes_language(state.plugin):
+    if body.language is not None and not takes_language(state.plugin):
         out["language_ignored"] = True
     return out
