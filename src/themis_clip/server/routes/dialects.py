@@ -162,18 +162,17 @@ async def predict(request: Request, state: StateDep) -> dict[str, Any]:
         raise APIError(
             415, "UnsupportedMediaType", "immich's /predict takes a multipart/form-data body"
         )
-    form = await request.form()
-    entries = form.get("entries")
+    async with request.form() as form:  # closes the spooled upload
+        entries, image, text = form.get("entries"), form.get("image"), form.get("text")
+        data = await image.read() if isinstance(image, UploadFile) else None
     if not isinstance(entries, str):
         raise APIError(422, "ValidationError", "entries: a form field with the JSON request")
     name, kind, options = clip_entry(entries)
     plugin = state.require_ready()
     _require_immich_model(name, state)
-    image, text = form.get("image"), form.get("text")
     if kind == "visual":
-        if not isinstance(image, UploadFile):
+        if data is None:
             raise APIError(422, "ValidationError", "clip.visual needs an 'image' file")
-        data = await image.read()
         (result,) = await state.embed_parts([Part(image=data)], where="image")
         size = image_size(data) or (0, 0)
         return {
