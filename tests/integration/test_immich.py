@@ -89,12 +89,9 @@ def predict_image(base: str, data: bytes, entries: str | None = None, **kw: Any)
 
 
 def predict_text(base: str, text: str, entries: str | None = None, **kw: Any) -> httpx.Response:
-    return httpx.post(
-        f"{base}/predict",
-        data={"entries": entries or textual_entries(), "text": text},
-        timeout=30,
-        **kw,
-    )
+    # Node's FormData is multipart even with string fields only.
+    fields = {"entries": (None, entries or textual_entries()), "text": (None, text)}
+    return httpx.post(f"{base}/predict", files=fields, timeout=30, **kw)
 
 
 def clip_vector(r: httpx.Response) -> npt.NDArray[np.float32]:
@@ -245,7 +242,7 @@ def test_other_tasks_and_bad_requests_get_clear_errors(server: ServerProcess) ->
     for entries in ("{not json", "[]", '{"clip": {}}', '{"clip": {"visual": {}}}'):
         error(predict_image(server.base, data, entries), 422, "ValidationError")
     error(predict_text(server.base, "hello", visual_entries()), 422, "ValidationError")
-    r = httpx.post(f"{server.base}/predict", data={"entries": textual_entries()}, timeout=30)
+    r = httpx.post(f"{server.base}/predict", files={"entries": (None, textual_entries())})
     error(r, 422, "ValidationError")
     error(predict_image(server.base, b"not an image"), 422, "ImageDecodeError")
     r = httpx.post(f"{server.base}/predict", json={"entries": visual_entries()}, timeout=30)
