@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, processors
 
 from tests.helpers import ServerProcess, encode, new_key, photo_like
 from tests.hubtools import immich_repo
+from tests.hubtools import serve as hub_serve
 from themis_clip.vocabulary import CLIP_MEAN, CLIP_STD
 
 pytestmark = pytest.mark.slow  # real server processes
@@ -291,3 +292,14 @@ def test_immich_from_refuses_what_is_not_a_network(immich_model: Path) -> None:
     )
     assert done.returncode == 2
     assert "--immich-from: 'immich' is not a network" in done.stderr
+
+
+def test_a_model_served_by_its_immich_name(env: dict[str, str], photos: Path) -> None:
+    """Pulled by catalogue name (from the Hub stand-in, tests/integration/conftest.py), the
+    model answers to the name immich's settings hold, with or without immich's prefix."""
+    data = next(photos.iterdir()).read_bytes()
+    with hub_serve(env, "--model", MODEL) as s:
+        for name in (MODEL, f"immich-app/{MODEL}"):
+            assert clip_vector(predict_image(s.base, data, visual_entries(name))).shape == (32,)
+            assert clip_vector(predict_text(s.base, "a dog", textual_entries("en", name))).size
+        assert predict_image(s.base, data, visual_entries("RN50__openai")).status_code == 404
