@@ -141,7 +141,8 @@ def clip_entry(entries: str) -> tuple[str, str, dict[str, Any]]:
     name = entry.get("modelName") if isinstance(entry, dict) else None
     if not isinstance(name, str) or not name:
         raise _invalid(f"clip.{kind}.modelName must be a model name")
-    options = entry.get("options") or {}
+    options = entry.get("options")
+    options = {} if options is None else options
     if not isinstance(options, dict):
         raise _invalid(f"clip.{kind}.options must be an object")
     return name, kind, options
