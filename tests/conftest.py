@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -16,6 +17,18 @@ except ImportError as exc:  # without onnx only the tests that build a model fai
     NO_EXPORTER: ImportError | None = exc
 else:
     NO_EXPORTER = None
+
+
+# Every model in the suite loads on ONNX Runtime's CPU provider in fp32, whatever CPU runs it: on an
+# Intel CPU, AUTO would pick OpenVINO (bf16 on AMX), and the suite's parity floors are CPU fp32's.
+# Tests of AUTO itself clear it (the ``auto_backend`` fixture); subprocesses inherit it.
+os.environ.setdefault("THEMIS_CLIP_BACKEND", "cpu")
+
+
+@pytest.fixture
+def auto_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AUTO as a user gets it: no pin of the backend in the environment."""
+    monkeypatch.delenv("THEMIS_CLIP_BACKEND", raising=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -39,6 +39,7 @@ from themis_clip.vocabulary import (
     BackendType,
     DecodeMode,
     GraphDType,
+    InferencePrecision,
     OptimizationLevel,
     ResizeMode,
     member_of,
@@ -51,7 +52,9 @@ __all__ = [  # the vocabulary's names stay importable from here
     "OPTIMIZATION_LEVELS",
     "BackendType",
     "DecodeMode",
+    "InferencePrecision",
     "ModelConfig",
+    "OpenVINOConfig",
     "PluginConfig",
     "PreprocessConfig",
     "ResizeMode",
@@ -114,7 +117,34 @@ class TensorRTConfig:
     fp16: bool = False
 
 
-#: ONNX Runtime graph optimisation levels, least to most.
+@dataclass(frozen=True, kw_only=True)
+class OpenVINOConfig:
+    """OpenVINO options (JSON ``"openvino": {...}``), used by the ``openvino`` backend.
+
+    Attributes:
+        device: the OpenVINO device: ``"CPU"`` (default), ``"GPU"`` (or ``"GPU.1"``), ``"NPU"``.
+        precision: ``"auto"`` (default: the device's fastest precision that passes the
+            canary, bf16 first where the CPU has AMX or AVX-512 BF16, else f32), or
+            ``"f32"``, ``"bf16"``, ``"f16"`` to force one (a forced one that fails the canary
+            fails the load).
+    """
+
+    device: str = "CPU"
+    precision: InferencePrecision = InferencePrecision.AUTO
+
+    def __post_init__(self) -> None:
+        if not self.device or not self.device.replace(".", "").isalnum():
+            raise ConfigError(
+                f"must name an OpenVINO device (CPU, GPU, GPU.1, NPU), got {self.device!r}",
+                key="openvino.device",
+            )
+        precision = member_of(InferencePrecision, self.precision)
+        if precision is None:
+            raise ConfigError(
+                f"must be one of {', '.join(InferencePrecision)}, got {self.precision!r}",
+                key="openvino.precision",
+            )
+        object.__setattr__(self, "precision", precision)  # its string given: the member
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,6 +287,11 @@ class PluginConfig:
             one in the session (0: decode, then infer, no overlap; default 1, measured).
         preprocess: preprocessing overrides.
         tensorrt: TensorRT options.
+        openvino: OpenVINO device and precision.
+        canary_min_cosine: the canary's floor: a provider other than ONNX Runtime's CPU
+            provider in fp32 (a GPU, OpenVINO, a reduced precision) serves only if the golden
+            inputs' embeddings, alone and in one batch, have at least this cosine to the CPU
+            fp32 ones (default 0.9999); else it is refused with the figure, and AUTO moves on.
         session: ONNX Runtime session tuning.
         device_id: GPU ordinal for CUDA/TensorRT/DirectML/ROCm.
         drain_timeout_s: how long a hot swap waits for in-flight requests on the old model.
@@ -277,6 +312,8 @@ class PluginConfig:
     prefetch_batches: int = 1
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+    openvino: OpenVINOConfig = field(default_factory=OpenVINOConfig)
+    canary_min_cosine: float = 0.9999
     session: SessionConfig = field(default_factory=SessionConfig)
     device_id: int = 0
     drain_timeout_s: float = 30.0
@@ -301,6 +338,15 @@ class PluginConfig:
             )
         if self.device_id < 0:
             raise ConfigError("must be >= 0", key="device_id")
+        if not (
+            isinstance(self.canary_min_cosine, int | float)
+            and not isinstance(self.canary_min_cosine, bool)
+            and 0 <= self.canary_min_cosine <= 1
+        ):
+            raise ConfigError(
+                f"must be a number from 0 to 1, got {self.canary_min_cosine!r}",
+                key="canary_min_cosine",
+            )
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError("must be a finite number >= 0", key="drain_timeout_s")
 
@@ -389,6 +435,14 @@ class PluginConfig:
             cache_dir=trt_r.path("cache_dir"), fp16=trt_r.get("fp16", bool, False)
         )
         trt_r.finish()
+        ov_r = r.section("openvino")
+        openvino = OpenVINOConfig(
+            device=ov_r.get("device", str, "CPU"),
+            precision=InferencePrecision(
+                ov_r.one_of("precision", tuple(InferencePrecision), "auto")
+            ),
+        )
+        ov_r.finish()
         ses_r = r.section("session")
         session = SessionConfig(
             optimization_level=OptimizationLevel(
@@ -426,6 +480,8 @@ class PluginConfig:
             prefetch_batches=r.get("prefetch_batches", int, 1),
             preprocess=preprocess,
             tensorrt=tensorrt,
+            openvino=openvino,
+            canary_min_cosine=r.number("canary_min_cosine", 0.9999),
             session=session,
             device_id=r.get("device_id", int, 0),
             drain_timeout_s=r.number("drain_timeout_s", 30.0),

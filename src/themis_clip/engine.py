@@ -30,7 +30,7 @@ from themis_clip.preprocess.text import CLIPTokenizer, HFTokenizer
 from themis_clip.runtime import (
     ORTSession,
 )
-from themis_clip.vocabulary import ModelIdentity
+from themis_clip.vocabulary import InferencePrecision, ModelIdentity
 
 __all__ = ["ClipModel", "TextualTower", "VisualTower", "l2_normalize"]
 
@@ -261,6 +261,9 @@ class ClipModel:
         preprocessor: ImagePreprocessor,
         config: PluginConfig,
         textual_loader: Callable[[], TextualTower] | None = None,
+        precision: InferencePrecision = InferencePrecision.F32,
+        canary: dict[str, float] | None = None,
+        refused: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
         self.identity = identity
@@ -274,6 +277,11 @@ class ClipModel:
         self.config = config
         self.backend: BackendType = visual.session.backend
         self.providers = visual.session.providers
+        self.precision = precision
+        # the canary's min cosine to CPU fp32 per tower (a lazy text tower adds its own when
+        # it opens); empty on the CPU provider in fp32, which is the reference
+        self.canary = canary if canary is not None else {}
+        self.refused = refused
         self.generation = 0
         self.loading_note: str | None = None
         self._in_flight = 0
@@ -318,6 +326,12 @@ class ClipModel:
         return {
             "backend": self.backend.value,
             "providers": list(self.providers),
+            "precision": self.precision.value,
+            "canary": {
+                "floor": self.config.canary_min_cosine,
+                "min_cosine": dict(self.canary),
+                "refused": list(self.refused),
+            },
             "model_variant": self.identity.name,
             "model_id": self.identity.model_id,
             "model_sha256": self.identity.sha256,

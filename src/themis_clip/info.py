@@ -40,6 +40,8 @@ _DEFAULT_MEMORY_MB = (2048, 8192)
 NO_MODEL: dict[str, Any] = {
     "backend": BackendType.AUTO.value,
     "providers": [],
+    "precision": None,
+    "canary": None,
     "model_variant": None,
     "model_id": None,
     "model_sha256": None,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from themis_clip.budget import PixelBudget
+from themis_clip.canary import probe
 from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import (
@@ -35,14 +36,16 @@ from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.preprocess.text import make_tokenizer
 from themis_clip.runtime import (
     ORTSession,
+    ProviderPlan,
     SessionSettings,
+    auto_backend,
     available_providers,
     create_session,
     plan_providers,
 )
 from themis_clip.vocabulary import Layout, LoadingMode, ModelIdentity
 
-__all__ = ["declared_preprocessor", "load_model"]
+__all__ = ["CanaryFailedError", "declared_preprocessor", "load_model"]
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +84,17 @@ def load_model(
         cpu_mem_arena=config.session.cpu_mem_arena,
         allow_spinning=config.session.allow_spinning,
         run_timeout_s=config.session.run_timeout_s,
+        openvino_device=config.openvino.device,
+        openvino_precision=config.openvino.precision,
     )
+    if backend is BackendType.AUTO:
+        backend = auto_backend()
     plans = plan_providers(
         backend,
-        available if available is not None else available_providers(),
+        # an explicit CPU needs no probe (listing OpenVINO's devices loads its plugin)
+        available
+        if available is not None
+        else ([] if backend is BackendType.CPU else available_providers()),
         settings=settings,
     )
     sources = {
@@ -97,67 +107,89 @@ def load_model(
         config.prepack_weights if config.prepack_weights is not None else mode != LoadingMode.MMAP
     )
     settings = replace(settings, prepack_weights=prepack)
-    visual_session: ORTSession | None = None
+    t_path, t_mode, t_note = sources.get("textual", (load_path, mode, None))
+    note = note or t_note
+    reference = plan_providers(BackendType.CPU, ["CPUExecutionProvider"], settings=settings)[0]
+
+    def canary(
+        tower: VisualTower | TextualTower, plan: ProviderPlan, path: Path, path_mode: str
+    ) -> float:
+        """The tower's canary against CPU fp32; below the floor: :class:`CanaryFailedError`."""
+        ref_session = session_factory(
+            path, reference, settings, loading_mode=path_mode, name=path.name
+        )
+        try:
+            ref: VisualTower | TextualTower
+            if isinstance(tower, VisualTower):
+                ref = VisualTower(ref_session, config.max_batch_size, pooler_is_embedding=pooler)
+            else:
+                ref = TextualTower(
+                    ref_session,
+                    tower.tokenizer,
+                    config.max_batch_size,
+                    pooler_is_embedding=pooler,
+                )
+            result = probe(tower, ref, config.canary_min_cosine, preprocessor)
+        finally:
+            ref_session.close()
+        log.info(
+            "canary %s %s: min cosine %.6f to cpu f32 (floor %g)",
+            plan.describe(),
+            result.tower,
+            result.min_cosine,
+            result.floor,
+        )
+        if not result.passed:
+            raise CanaryFailedError(
+                f"{plan.describe()} refused by the canary: {result.tower} tower's min cosine "
+                f"to cpu f32 is {result.min_cosine:.6f}, below canary_min_cosine "
+                f"{result.floor:g}"
+            )
+        return result.min_cosine
+
+    pooler = spec.pooler_is_embedding
     failures: list[str] = []
+    refused: list[str] = []
     for plan in plans:
+        sessions: list[ORTSession] = []
         try:
             visual_session = session_factory(
                 load_path, plan, settings, loading_mode=mode, name=spec.visual_path.name
             )
+            sessions.append(visual_session)
+            visual = VisualTower(visual_session, config.max_batch_size, pooler_is_embedding=pooler)
+            image_spec = _resolve_image_spec(spec, config, visual)
+            preprocessor = _preprocessor(spec, config, image_spec, budget)
+            cosines: dict[str, float] = {}
+            if plan.needs_canary:
+                cosines["visual"] = canary(visual, plan, load_path, mode)
+            textual = None
+            open_textual: Callable[[], TextualTower] | None = None
+            if spec.textual_path is not None and spec.tokenizer_path is not None:
+                open_textual = _textual_opener(
+                    spec, config, plan, settings, session_factory, t_path, t_mode, canary, cosines
+                )
+                if not lazy_textual:
+                    textual = open_textual()
+                    sessions.append(textual.session)
+            dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
         except BackendUnavailableError as exc:
+            for s in sessions:
+                s.close()
             failures.append(str(exc))
-            log.warning("backend %s unusable: %s", plan.backend.value, exc)
+            if isinstance(exc, CanaryFailedError):
+                refused.append(str(exc))
+            log.warning("backend %s unusable: %s", plan.describe(), exc)
             continue
+        except BaseException:
+            for s in sessions:
+                s.close()
+            raise
         if plan.note:
             log.warning("%s", plan.note)
-        chosen = plan
         break
-    if visual_session is None:
+    else:
         raise BackendUnavailableError("; ".join(failures) or "no execution provider usable")
-    sessions = [visual_session]
-    try:
-        visual = VisualTower(
-            visual_session, config.max_batch_size, pooler_is_embedding=spec.pooler_is_embedding
-        )
-        textual = None
-        open_textual: Callable[[], TextualTower] | None = None
-        if spec.textual_path is not None and spec.tokenizer_path is not None:
-            textual_path, tokenizer_path = spec.textual_path, spec.tokenizer_path
-            t_path, t_mode, t_note = sources["textual"]
-            note = note or t_note
-
-            def open_textual() -> TextualTower:
-                tokenizer = make_tokenizer(
-                    tokenizer_path,
-                    spec.text,
-                    context_length=spec.context_length,
-                    pad_id=spec.pad_id,
-                )
-                text_session = session_factory(
-                    t_path, chosen, settings, loading_mode=t_mode, name=textual_path.name
-                )
-                try:
-                    return TextualTower(
-                        text_session,
-                        tokenizer,
-                        config.max_batch_size,
-                        declared_mask=spec.text.attention_mask,
-                        pooler_is_embedding=spec.pooler_is_embedding,
-                    )
-                except BaseException:
-                    text_session.close()
-                    raise
-
-            if not lazy_textual:
-                textual = open_textual()
-                sessions.append(textual.session)
-        dim = _resolve_dim(spec, mc.embedding_dim, visual, textual)
-        image_spec = _resolve_image_spec(spec, config, visual)
-        preprocessor = _preprocessor(spec, config, image_spec, budget)
-    except BaseException:
-        for s in sessions:
-            s.close()
-        raise
     # A precision variant is another embedding space (its vectors differ slightly): its id and
     # digest say so, and an index built with the fp32 variant refuses its int8 twin's vectors.
     identity = ModelIdentity.of_variant(
@@ -179,9 +211,57 @@ def load_model(
         preprocessor=preprocessor,
         config=config,
         textual_loader=open_textual if lazy_textual else None,
+        precision=plan.precision,
+        canary=cosines,
+        refused=tuple(refused),
     )
     model.loading_note = note
     return model
+
+
+class CanaryFailedError(BackendUnavailableError):
+    """A provider's embeddings are too far from CPU fp32's (AUTO moves on; explicit fails)."""
+
+
+def _textual_opener(
+    spec: ModelSpec,
+    config: PluginConfig,
+    plan: ProviderPlan,
+    settings: SessionSettings,
+    session_factory: Callable[..., ORTSession],
+    path: Path,
+    mode: str,
+    canary: Callable[[VisualTower | TextualTower, ProviderPlan, Path, str], float],
+    cosines: dict[str, float],
+) -> Callable[[], TextualTower]:
+    """Opens the text tower on ``plan`` (now, or on first use) and runs its canary there."""
+    assert spec.textual_path is not None
+    assert spec.tokenizer_path is not None
+    textual_path, tokenizer_path = spec.textual_path, spec.tokenizer_path
+
+    def open_textual() -> TextualTower:
+        tokenizer = make_tokenizer(
+            tokenizer_path, spec.text, context_length=spec.context_length, pad_id=spec.pad_id
+        )
+        text_session = session_factory(
+            path, plan, settings, loading_mode=mode, name=textual_path.name
+        )
+        try:
+            tower = TextualTower(
+                text_session,
+                tokenizer,
+                config.max_batch_size,
+                declared_mask=spec.text.attention_mask,
+                pooler_is_embedding=spec.pooler_is_embedding,
+            )
+            if plan.needs_canary:
+                cosines["textual"] = canary(tower, plan, path, mode)
+            return tower
+        except BaseException:
+            text_session.close()
+            raise
+
+    return open_textual
 
 
 def declared_preprocessor(

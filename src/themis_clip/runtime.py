@@ -5,7 +5,14 @@ the list of providers ONNX Runtime reports, so tests drive it with injected list
 then *proven* by creating the session and reading ``session.get_providers()``: ONNX Runtime
 silently drops a GPU provider that fails to initialise, and we never let that become a silent
 CPU fallback for an explicitly requested GPU backend. ``AUTO`` walks its plans in the seed's
-order (CUDA → TensorRT → DirectML → CPU) and keeps the first that really holds.
+order (CUDA → TensorRT → DirectML → OpenVINO → CPU) and keeps the first that really holds (and,
+one layer up, passes the canary).
+
+OpenVINO is a plugin execution provider (the ``onnxruntime-ep-openvino`` package, the
+``openvino`` extra) on the stock ``onnxruntime`` wheel: registered with ONNX Runtime on first
+use, its device picked from ``onnxruntime.get_ep_devices()``, its precision set through its
+``load_config`` (``INFERENCE_PRECISION_HINT``). It is offered only where the plugin reports a
+device: it lists Intel CPUs, GPUs and NPUs only, so on other CPUs OpenVINO is not available.
 
 Every session run carries its own ``onnxruntime.RunOptions``: a run past the session's
 ``run_timeout_s`` is stopped by ONNX Runtime's ``terminate`` flag (one watchdog thread for the
@@ -21,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
+import json
 import logging
 import os
 import platform
@@ -39,21 +47,26 @@ import numpy.typing as npt
 
 from themis_clip.errors import (
     BackendUnavailableError,
+    ConfigError,
     InferenceError,
     ModelFormatError,
     ModelNotFoundError,
 )
 from themis_clip.interface import BackendType
-from themis_clip.vocabulary import LoadingMode, OptimizationLevel
+from themis_clip.vocabulary import InferencePrecision, LoadingMode, OptimizationLevel
 
 __all__ = [
+    "BACKEND_ENV",
     "PROVIDER_NAMES",
     "ORTSession",
     "ProviderPlan",
     "SessionSettings",
     "TensorInfo",
+    "auto_backend",
     "available_providers",
+    "cpu_flags",
     "create_session",
+    "openvino_devices",
     "plan_providers",
     "supported_backends",
 ]
@@ -85,7 +98,9 @@ _BACKEND_OF_PROVIDER = {
     **{v: k for k, v in PROVIDER_NAMES.items() if k is not BackendType.METAL},
     "MIGraphXExecutionProvider": BackendType.ROCM,
 }
-_AUTO_ORDER = (BackendType.CUDA, BackendType.TENSORRT, BackendType.DIRECTML)
+_AUTO_ORDER = (BackendType.CUDA, BackendType.TENSORRT, BackendType.DIRECTML, BackendType.OPENVINO)
+#: CPU feature flags with which OpenVINO computes in bf16 natively (AMX, AVX-512 BF16).
+_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 
 _ORT_DTYPES: Mapping[str, np.dtype[Any]] = {
     "tensor(float)": np.dtype(np.float32),
@@ -107,11 +122,22 @@ class ProviderPlan:
         backend: the backend this plan stands for.
         providers: ``(provider name, options)`` in ONNX Runtime priority order.
         note: why this plan differs from what was asked (e.g. DirectML off Windows).
+        precision: the arithmetic the provider runs an fp32 graph in.
     """
 
     backend: BackendType
     providers: tuple[tuple[str, Mapping[str, str]], ...]
     note: str | None = None
+    precision: InferencePrecision = InferencePrecision.F32
+
+    @property
+    def needs_canary(self) -> bool:
+        """Anything but ONNX Runtime's CPU provider in fp32 must match it before serving."""
+        return self.backend is not BackendType.CPU or self.precision is not InferencePrecision.F32
+
+    def describe(self) -> str:
+        """``backend precision`` as logs and refusals name the plan (``openvino bf16``)."""
+        return f"{self.backend.value} {self.precision.value}"
 
     @property
     def serialize_runs(self) -> bool:
@@ -133,13 +159,90 @@ class SessionSettings:
     cpu_mem_arena: bool = True
     allow_spinning: bool | None = None
     run_timeout_s: float | None = None
+    openvino_device: str = "CPU"
+    openvino_precision: InferencePrecision = InferencePrecision.AUTO
+
+
+BACKEND_ENV = "THEMIS_CLIP_BACKEND"
+
+
+def auto_backend() -> BackendType:
+    """What AUTO means in this process: the backend ``THEMIS_CLIP_BACKEND`` names where it is set
+    (a deployment's pin, or a test run's, so that results do not depend on the CPU's vendor),
+    else AUTO itself.
+
+    Raises:
+        ConfigError: the variable names no backend.
+    """
+    value = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if not value:
+        return BackendType.AUTO
+    try:
+        return BackendType(value)
+    except ValueError:
+        names = ", ".join(b.value for b in BackendType)
+        raise ConfigError(f"{BACKEND_ENV}={value!r} names no backend; use one of {names}") from None
 
 
 def available_providers() -> list[str]:
-    """Providers this ONNX Runtime build offers (a build fact, not a device probe)."""
+    """Providers this ONNX Runtime build offers (a build fact, not a device probe), plus
+    OpenVINO's plugin where it reports a device."""
     import onnxruntime as ort
 
-    return list(ort.get_available_providers())
+    out = list(ort.get_available_providers())
+    if openvino_devices() and PROVIDER_NAMES[BackendType.OPENVINO] not in out:
+        out.append(PROVIDER_NAMES[BackendType.OPENVINO])
+    return out
+
+
+_OPENVINO_LOCK = threading.Lock()
+_openvino_ep_devices: list[Any] | None = None  # once registered: the plugin's OrtEpDevices
+
+
+def _openvino_ep() -> list[Any]:
+    """The OpenVINO plugin's ``OrtEpDevice`` list, registering the plugin on first call; empty
+    when ``onnxruntime-ep-openvino`` is not installed or ONNX Runtime cannot load it."""
+    global _openvino_ep_devices
+    with _OPENVINO_LOCK:
+        if _openvino_ep_devices is None:
+            _openvino_ep_devices = []
+            try:
+                import onnxruntime as ort
+                import onnxruntime_ep_openvino as plugin
+            except ImportError:
+                return _openvino_ep_devices
+            name = plugin.get_ep_name()
+            try:
+                ort.register_execution_provider_library("openvino", plugin.get_library_path())
+            except Exception as exc:  # an older onnxruntime, or another caller registered it
+                log.debug("OpenVINO plugin registration: %s", exc)
+            try:
+                devices = ort.get_ep_devices()
+            except Exception as exc:
+                log.warning("OpenVINO plugin unusable: %s", exc)
+                return _openvino_ep_devices
+            _openvino_ep_devices = [d for d in devices if d.ep_name == name]
+            log.info(
+                "OpenVINO plugin devices: %s",
+                ", ".join(openvino_name(d) for d in _openvino_ep_devices) or "none",
+            )
+        return _openvino_ep_devices
+
+
+def openvino_name(device: Any) -> str:
+    """The OpenVINO device name (``CPU``, ``GPU.0``, ``NPU``) of a plugin ``OrtEpDevice``."""
+    return str(device.ep_metadata.get("ov_device", "?"))
+
+
+def openvino_devices() -> tuple[str, ...]:
+    """The OpenVINO devices the plugin offers here (empty without the plugin, or off Intel
+    hardware, which is all it lists)."""
+    return tuple(openvino_name(d) for d in _openvino_ep() if "ov_meta_device" not in d.ep_metadata)
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (Linux; empty elsewhere)."""
+    return frozenset(_cpu_flags().split()) if sys.platform.startswith("linux") else frozenset()
 
 
 def plan_providers(
@@ -148,14 +251,19 @@ def plan_providers(
     *,
     settings: SessionSettings = SessionSettings(),
     platform: str = sys.platform,
+    flags: frozenset[str] | None = None,
 ) -> list[ProviderPlan]:
     """Return the provider plans to try, best first.
 
+    OpenVINO gets one plan per precision to try, fastest first (``openvino_precision`` AUTO:
+    bf16 then f32 on a CPU with AMX or AVX-512 BF16, f16 then f32 on a GPU, else f32 alone).
+
     Args:
         requested: the backend asked for.
-        available: what ``onnxruntime.get_available_providers()`` reports.
-        settings: device id and TensorRT options.
+        available: what :func:`available_providers` reports.
+        settings: device id, TensorRT and OpenVINO options.
         platform: ``sys.platform``; DirectML exists on Windows only.
+        flags: the CPU's feature flags (default: this CPU's).
 
     Raises:
         BackendUnavailableError: an explicit backend whose provider is not available.
@@ -168,7 +276,7 @@ def plan_providers(
             if backend is BackendType.DIRECTML and not platform.startswith("win"):
                 continue
             if PROVIDER_NAMES[backend] in available:
-                plans.append(_plan(backend, settings))
+                plans.extend(_plans(backend, settings, flags))
         return [*plans, cpu]
     if requested is BackendType.CPU:
         return [cpu]
@@ -184,12 +292,57 @@ def plan_providers(
     candidates = PROVIDER_CANDIDATES[requested]
     name = next((c for c in candidates if c in available), None)
     if name is None:
-        raise BackendUnavailableError(
-            f"backend {requested.value!r} needs {' or '.join(candidates)}, which this "
-            f"onnxruntime build does not offer (available: {', '.join(available) or 'none'}); "
-            "install the matching onnxruntime package or choose another backend"
+        hint = (
+            "install themis-onnx-clip[openvino] (the onnxruntime-ep-openvino plugin), which "
+            "offers Intel CPUs, GPUs and NPUs only (no device on other hardware)"
+            if requested is BackendType.OPENVINO
+            else "install the matching onnxruntime package"
         )
-    return [_plan(requested, settings, provider=name)]
+        raise BackendUnavailableError(
+            f"backend {requested.value!r} needs {' or '.join(candidates)}, which ONNX Runtime "
+            f"does not offer here (available: {', '.join(available) or 'none'}); {hint}, or "
+            "choose another backend"
+        )
+    return _plans(requested, settings, flags, provider=name)
+
+
+def _plans(
+    backend: BackendType,
+    settings: SessionSettings,
+    flags: frozenset[str] | None,
+    *,
+    provider: str | None = None,
+) -> list[ProviderPlan]:
+    if backend is not BackendType.OPENVINO:
+        return [_plan(backend, settings, provider=provider)]
+    device = settings.openvino_device
+    precisions: list[InferencePrecision]
+    if settings.openvino_precision is not InferencePrecision.AUTO:
+        precisions = [settings.openvino_precision]
+    elif device.startswith("CPU"):
+        bf16 = _BF16_FLAGS & (cpu_flags() if flags is None else flags)
+        precisions = [InferencePrecision.BF16] * bool(bf16) + [InferencePrecision.F32]
+    elif device.startswith("NPU"):
+        precisions = [InferencePrecision.F16]
+    else:
+        precisions = [InferencePrecision.F16, InferencePrecision.F32]
+    out = []
+    for precision in precisions:
+        config: dict[str, str] = {"INFERENCE_PRECISION_HINT": precision.value}
+        if settings.intra_op_threads is not None and device.startswith("CPU"):
+            config["INFERENCE_NUM_THREADS"] = str(settings.intra_op_threads)
+        options = {"load_config": json.dumps({device: config})}
+        out.append(
+            ProviderPlan(
+                backend=backend,
+                providers=(
+                    (PROVIDER_NAMES[backend], options),
+                    (PROVIDER_NAMES[BackendType.CPU], {}),
+                ),
+                precision=precision,
+            )
+        )
+    return out
 
 
 def supported_backends(
@@ -230,7 +383,12 @@ def _plan(
         providers = ((own, device), cpu)
     else:
         providers = ((own, {}), cpu)
-    return ProviderPlan(backend=backend, providers=providers)
+    fp16 = backend is BackendType.TENSORRT and settings.tensorrt_fp16
+    return ProviderPlan(
+        backend=backend,
+        providers=providers,
+        precision=InferencePrecision.F16 if fp16 else InferencePrecision.F32,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -323,6 +481,7 @@ class ORTSession:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     providers: tuple[str, ...]
+    precision: InferencePrecision = InferencePrecision.F32
     optimized_cache: str = "off"
     run_timeout_s: float | None = None
     _lock: threading.Lock | None = None
@@ -404,7 +563,14 @@ def create_session(
     names = [name for name, _ in plan.providers]
     provider_options = [dict(opts) for _, opts in plan.providers]
 
+    plugin_device = (
+        _openvino_device(settings.openvino_device) if plan.backend is BackendType.OPENVINO else None
+    )
+
     def open_session(source: Path, options: Any) -> Any:
+        if plugin_device is not None:  # a plugin EP is chosen by device, CPU takes the rest
+            options.add_provider_for_devices([plugin_device], dict(provider_options[0]))
+            return ort.InferenceSession(str(source), sess_options=options)
         return ort.InferenceSession(
             str(source), sess_options=options, providers=names, provider_options=provider_options
         )
@@ -447,7 +613,9 @@ def create_session(
                 if cache is not None and staging is not None:
                     cache_state = cache.commit(staging)
     except Exception as exc:  # InvalidProtobuf, InvalidGraph, Fail, ... (pybind11 types)
-        if plan.backend is not BackendType.CPU and "Provider" in str(exc):
+        if plan.backend is not BackendType.CPU and (
+            "Provider" in str(exc) or "OpenVINO" in str(exc)
+        ):
             raise BackendUnavailableError(f"{names[0]} failed to initialise: {exc}") from exc
         raise ModelFormatError(f"ONNX Runtime cannot load {name or path}: {exc}") from exc
     used = tuple(session.get_providers())
@@ -458,9 +626,7 @@ def create_session(
         )
     inputs = tuple(_info(x) for x in session.get_inputs())
     outputs = tuple(_info(x) for x in session.get_outputs())
-    log.info(
-        "loaded %s on %s (%s, %s)", name or path.name, used[0], plan.backend.value, loading_mode
-    )
+    log.info("loaded %s on %s (%s, %s)", name or path.name, used[0], plan.describe(), loading_mode)
     return ORTSession(
         session=session,
         backend=(
@@ -474,9 +640,27 @@ def create_session(
         inputs=inputs,
         outputs=outputs,
         providers=used,
+        precision=plan.precision,
         optimized_cache=cache_state,
         run_timeout_s=settings.run_timeout_s,
         _lock=threading.Lock() if plan.serialize_runs else None,
+    )
+
+
+def _openvino_device(name: str) -> Any:
+    """The plugin's ``OrtEpDevice`` for OpenVINO device ``name`` (``GPU`` matches ``GPU.0``).
+
+    Raises:
+        BackendUnavailableError: the plugin is missing or offers no such device.
+    """
+    devices = [d for d in _openvino_ep() if "ov_meta_device" not in d.ep_metadata]
+    for device in devices:
+        if openvino_name(device) == name or openvino_name(device).startswith(name + "."):
+            return device
+    offered = ", ".join(openvino_name(d) for d in devices)
+    raise BackendUnavailableError(
+        f"OpenVINO device {name!r} is not offered here (the plugin offers: {offered or 'none'}"
+        "; onnxruntime-ep-openvino lists Intel CPUs, GPUs and NPUs only)"
     )
 
 

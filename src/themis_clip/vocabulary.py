@@ -22,6 +22,7 @@ __all__ = [
     "BackendType",
     "DecodeMode",
     "GraphDType",
+    "InferencePrecision",
     "LanguagePrefix",
     "Layout",
     "LoadingMode",
@@ -127,10 +128,22 @@ def member_of(kind: type[_E], value: object) -> _E | None:
         return None
 
 
+class InferencePrecision(enum.StrEnum):
+    """The arithmetic a provider runs an fp32 graph in (OpenVINO's ``INFERENCE_PRECISION_HINT``
+    names). ``AUTO``: the device's fastest that passes the canary (OpenVINO: bf16 on CPUs with
+    AMX or AVX-512 BF16, f16 on GPUs, else f32)."""
+
+    AUTO = "auto"
+    F32 = "f32"
+    BF16 = "bf16"
+    F16 = "f16"
+
+
 class BackendType(enum.StrEnum):
     """Execution backends (ThemisDB's ``BackendType``, plus ``COREML``).
 
-    ``AUTO`` probes CUDA → TensorRT → DirectML → CPU (the seed's order). ONNX Runtime
+    ``AUTO`` probes CUDA → TensorRT → DirectML → OpenVINO → CPU (the seed's order, with
+    OpenVINO where its plugin offers a device). ONNX Runtime
     providers: CUDA, TensorRT, DirectML, OpenVINO, ROCm (MIGraphX, or the older ROCm
     provider), METAL and COREML (CoreML, Apple's route to Metal). OPENCL and VULKAN have no
     ONNX Runtime provider: asking for them fails ``initialize`` with that reason.

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import photo_like
+from themis_clip.runtime import available_providers
 
 EXE = shutil.which("themis-clip") or str(Path(sys.executable).parent / "themis-clip")
 
@@ -77,8 +78,16 @@ def test_info_and_health(tiny_model_dir: Path) -> None:
     data = json.loads(info.stdout)
     assert data["plugin"]["name"] == "onnx_clip" and data["model"]["embedding_dim"] == 32
     assert data["backend"] == "cpu"
-    health = run("health", "--model", str(tiny_model_dir))
+    assert data["precision"] == "f32"  # the reference: no canary to run
+    assert data["canary"] == {"floor": 0.9999, "min_cosine": {}, "refused": []}
+    health = run("health", "--model", str(tiny_model_dir), "--openvino-precision", "f32")
     assert health.returncode == 0 and json.loads(health.stdout)["healthy"] is True
+    assert json.loads(health.stdout)["precision"] == "f32"
+    refused = run("info", "--model", str(tiny_model_dir), "--backend", "openvino")
+    if "OpenVINOExecutionProvider" not in available_providers():  # no device: a clear error
+        assert refused.returncode != 0
+        assert "backend 'openvino' needs OpenVINOExecutionProvider" in refused.stderr
+        assert "Intel CPUs, GPUs and NPUs only" in refused.stderr
 
 
 def test_config_file(tiny_model_dir: Path, tmp_path: Path) -> None:

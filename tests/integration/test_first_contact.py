@@ -105,7 +105,11 @@ def test_an_unknown_model_is_a_404_in_openais_shape(
     for name in (identity.model_id, identity.name):
         r = http.post("/v1/embeddings", json={"input": "a", "model": name})
         assert r.status_code == 200, r.text
-        assert http.get(f"/v1/models/{name}").json()["id"] == identity.model_id
+        card = http.get(f"/v1/models/{name}").json()
+        assert card["id"] == identity.model_id
+        stats = plugin.get_statistics()
+        assert (card["backend"], card["precision"]) == (stats["backend"], stats["precision"])
+        assert card["precision"] in ("f32", "bf16", "f16")
 
 
 def test_language_codes(http: httpx.Client) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +18,13 @@ from themis_clip.runtime import (
     PROVIDER_NAMES,
     ProviderPlan,
     SessionSettings,
+    available_providers,
     create_session,
+    openvino_devices,
     plan_providers,
+    supported_backends,
 )
+from themis_clip.vocabulary import InferencePrecision
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -153,3 +158,87 @@ def test_auto_given_as_a_string_keeps_the_configured_backend(tiny_model_dir: Pat
     config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)), backend=BackendType.CUDA)
     assert not plugin.initialize(config, "auto")  # type: ignore[arg-type]
     assert "CUDAExecutionProvider" in (plugin.last_error or "")
+
+
+OV = "OpenVINOExecutionProvider"
+AMX = frozenset({"avx2", "avx512f", "amx_bf16", "amx_int8"})
+AVX2 = frozenset({"avx2", "fma"})
+
+
+def hints(plans: list[ProviderPlan]) -> list[dict[str, dict[str, str]]]:
+    return [json.loads(p.providers[0][1]["load_config"]) for p in plans]
+
+
+def test_auto_tries_openvino_after_directml_and_before_cpu() -> None:
+    plans = plan_providers(BackendType.AUTO, [TRT, CUDA, DML, OV, CPU], platform="win32", flags=AMX)
+    assert [p.describe() for p in plans] == [
+        "cuda f32",
+        "tensorrt f32",
+        "directml f32",
+        "openvino bf16",
+        "openvino f32",
+        "cpu f32",
+    ]
+    # OpenVINO only where its plugin offers a device (available_providers lists it then)
+    plans = plan_providers(BackendType.AUTO, [CPU], flags=AMX)
+    assert [p.describe() for p in plans] == ["cpu f32"]
+
+
+def test_openvino_precisions_follow_the_device() -> None:
+    cpu_amx = plan_providers(BackendType.OPENVINO, [OV, CPU], flags=AMX)
+    assert hints(cpu_amx) == [
+        {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}},
+        {"CPU": {"INFERENCE_PRECISION_HINT": "f32"}},
+    ]
+    assert all(names(p) == [OV, CPU] for p in cpu_amx)
+    cpu_avx2 = plan_providers(BackendType.OPENVINO, [OV, CPU], flags=AVX2)
+    assert [p.precision for p in cpu_avx2] == [InferencePrecision.F32]
+    gpu = SessionSettings(openvino_device="GPU.1")
+    assert [p.describe() for p in plan_providers(BackendType.OPENVINO, [OV], settings=gpu)] == [
+        "openvino f16",
+        "openvino f32",
+    ]
+    forced = SessionSettings(openvino_precision=InferencePrecision.BF16, intra_op_threads=2)
+    (plan,) = plan_providers(BackendType.OPENVINO, [OV, CPU], settings=forced, flags=AVX2)
+    assert hints([plan]) == [
+        {"CPU": {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": "2"}}
+    ]
+
+
+def test_reported_precision_of_other_providers() -> None:
+    fp16 = SessionSettings(tensorrt_fp16=True)
+    assert plan_providers(BackendType.TENSORRT, [TRT, CUDA], settings=fp16)[0].describe() == (
+        "tensorrt f16"
+    )
+    assert not plan_providers(BackendType.CPU, [CPU])[0].needs_canary
+    assert plan_providers(BackendType.CUDA, [CUDA])[0].needs_canary
+
+
+def test_openvino_missing_names_the_extra_and_its_hardware() -> None:
+    with pytest.raises(BackendUnavailableError, match=r"themis-onnx-clip\[openvino\].*Intel"):
+        plan_providers(BackendType.OPENVINO, [CPU])
+
+
+def test_the_openvino_plugin_registers_for_real_and_is_offered_only_with_a_device() -> None:
+    pytest.importorskip("onnxruntime_ep_openvino", reason="no OpenVINO plugin wheel here")
+    devices = openvino_devices()  # registers the plugin with ONNX Runtime (idempotent)
+    assert openvino_devices() == devices
+    assert (OV in available_providers()) == bool(devices)
+    assert (BackendType.OPENVINO in supported_backends(available_providers())) == bool(devices)
+
+
+def test_openvino_without_a_device_fails_with_the_reason(tiny_model_dir: Path) -> None:
+    pytest.importorskip("onnxruntime_ep_openvino", reason="no OpenVINO plugin wheel here")
+    if openvino_devices():
+        pytest.skip("the OpenVINO plugin offers a device here (tests/integration/test_openvino.py)")
+    plugin = OnnxClipPlugin()
+    config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)))
+    assert not plugin.initialize(config, BackendType.OPENVINO)
+    assert "Intel CPUs, GPUs and NPUs only" in (plugin.last_error or "")
+    # injected as offered, the session itself names what the plugin offers
+    plugin = OnnxClipPlugin(available_providers=[OV, CPU])
+    assert not plugin.initialize(config, BackendType.OPENVINO)
+    assert "OpenVINO device 'CPU' is not offered here" in (plugin.last_error or "")
+    assert plugin.initialize(config)  # AUTO moves on to the CPU
+    assert plugin.get_backend() is BackendType.CPU
+    plugin.shutdown()

@@ -19,7 +19,7 @@ from themis_clip.index.settings import GraphDType
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.resources import demo_model_path
-from themis_clip.vocabulary import ModelIdentity
+from themis_clip.vocabulary import InferencePrecision, ModelIdentity
 
 DEFAULT_INDEX = "themis-index.db"
 
@@ -66,6 +66,12 @@ def model_args(p: argparse.ArgumentParser) -> None:
         help="where the model runs (default auto: the fastest available, else cpu)",
     )
     p.add_argument(
+        "--openvino-precision",
+        choices=[str(x) for x in InferencePrecision],
+        help="the arithmetic OpenVINO runs the model in (default auto: the device's fastest "
+        "that passes the canary: bf16 on CPUs with AMX or AVX-512 BF16, else f32)",
+    )
+    p.add_argument(
         "--batch-size",
         type=int,
         metavar="N",
@@ -102,6 +108,9 @@ def config_from(args: argparse.Namespace) -> PluginConfig:
         config = replace(config, max_batch_size=args.batch_size)
     if args.backend:
         config = replace(config, backend=BackendType(args.backend))
+    if getattr(args, "openvino_precision", None):
+        precision = InferencePrecision(args.openvino_precision)
+        config = replace(config, openvino=replace(config.openvino, precision=precision))
     return config
 
 

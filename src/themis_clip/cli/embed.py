@@ -116,6 +116,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
             },
             "backend": stats["backend"],
             "providers": stats["providers"],
+            "precision": stats["precision"],
+            "canary": stats["canary"],
             "loading_mode": stats["loading_mode"],
         }
         print(json.dumps(out, indent=2))
@@ -130,7 +132,14 @@ def _cmd_health(args: argparse.Namespace) -> int:
         ok = plugin.health_check()
         stats = plugin.get_statistics()
         print(
-            json.dumps({"healthy": ok, "model_id": stats["model_id"], "backend": stats["backend"]})
+            json.dumps(
+                {
+                    "healthy": ok,
+                    "model_id": stats["model_id"],
+                    "backend": stats["backend"],
+                    "precision": stats["precision"],
+                }
+            )
         )
     finally:
         plugin.shutdown()

@@ -120,6 +120,12 @@ def register(sub: Any) -> None:
         help="comma-separated Host names to answer for (*.example.com, *; default: "
         "localhost, 127.0.0.1, [::1] and --host); others get 421",
     )
+    a.add_argument(
+        "--immich-from",
+        metavar="NETWORKS",
+        help="comma-separated networks (CIDR) or addresses whose requests to immich's /predict "
+        "need no key (immich's server sends none); other routes still need one",
+    )
     a.add_argument("--ssl-certfile", help="TLS certificate chain (PEM); needs --ssl-keyfile")
     a.add_argument("--ssl-keyfile", help="TLS private key (PEM)")
     model_args(p)
@@ -192,6 +198,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         allow_pull=args.allow_pull,
         admin_token=os.environ.get("THEMIS_ADMIN_TOKEN") or None,
         keys_file=args.keys,
+        immich_from=_immich_from(args),
         allowed_hosts=_allowed_hosts(args),
         max_body_bytes=int(args.max_body_mb * 2**20),
         max_json_bytes=int(args.max_json_mb * 2**20),
@@ -300,6 +307,17 @@ def _check_exposure(args: argparse.Namespace) -> None:
             "could search and read every indexed photo. Give --keys FILE (themis-clip keys "
             "create), or --no-auth to serve it open anyway"
         )
+
+
+def _immich_from(args: argparse.Namespace) -> tuple[str, ...]:
+    from themis_clip.server.access import parse_networks
+
+    names = tuple(n.strip() for n in (args.immich_from or "").split(",") if n.strip())
+    try:
+        parse_networks(names)
+    except ValueError as exc:
+        raise CLIError(f"--immich-from: {exc}") from None
+    return names
 
 
 def _allowed_hosts(args: argparse.Namespace) -> tuple[str, ...]:

@@ -67,6 +67,7 @@ __all__ = [
     "ImagePreprocessor",
     "decode_image",
     "image_dimensions",
+    "image_size",
     "preprocess_image",
     "readable_formats",
     "same_pixels",
@@ -349,6 +350,17 @@ def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """
     try:
         with open_regular(path) as fp, _open(fp, str(path)) as img:
+            width, height = img.size
+    except (InputError, OSError):
+        return None
+    return int(width), int(height)
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """``(width, height)`` of encoded image bytes from the header (no pixels decoded); None if
+    unreadable. The stored size, before any EXIF orientation, as Pillow reports it."""
+    try:
+        with _open(io.BytesIO(data), "image") as img:
             width, height = img.size
     except (InputError, OSError):
         return None

@@ -12,11 +12,17 @@ principal recorded here, so a route that somehow escaped the middleware still re
 
 Without a keys file (the loopback demo) every route is open as before, except ``/admin/*``,
 which keeps its ``THEMIS_ADMIN_TOKEN`` rules (401 without a token, 403 with a wrong one).
+
+A route whose router also declares :data:`BY_NETWORK` admits a request without a key when
+it comes from one of the networks the server was given (``--immich-from``): immich's server
+sends no credentials, and only its routes open that way, with the ``search`` scope alone. The
+address is the connection's peer (behind a reverse proxy, the proxy's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +37,7 @@ from themis_clip.server.errors import APIError, error_response
 
 __all__ = [
     "ADMIN",
+    "BY_NETWORK",
     "METRICS",
     "PUBLIC",
     "SEARCH",
@@ -67,11 +74,18 @@ def public() -> None:
     """Marks a route that needs no key (health, readiness, the page and its assets)."""
 
 
+def by_network() -> None:
+    """Marks a route that admits, without a key, requests from the allowed networks."""
+
+
 SEARCH = Security(authorize, scopes=[KeyScope.SEARCH])
 WRITE = Security(authorize, scopes=[KeyScope.WRITE])
 ADMIN = Security(authorize, scopes=[KeyScope.ADMIN])
 METRICS = Security(authorize, scopes=[KeyScope.METRICS])
 PUBLIC = Depends(public)
+BY_NETWORK = Depends(by_network)
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: what a route needs: None (public) or a set of scopes (empty: any valid key)
 Need = frozenset[KeyScope] | None
@@ -97,6 +111,47 @@ def route_scopes(
     return out
 
 
+def network_routes(routes: Iterable[BaseRoute]) -> list[BaseRoute]:
+    """The routes whose router declared :data:`BY_NETWORK`."""
+    return [
+        r
+        for r in routes
+        if isinstance(r, Route)
+        and any(
+            getattr(d, "dependency", None) is by_network
+            for d in getattr(r, "dependencies", None) or []
+        )
+    ]
+
+
+def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
+    """CIDR blocks (``172.16.0.0/12``, ``fd00::/8``) or single addresses.
+
+    Raises:
+        ValueError: one that is neither, named.
+    """
+    out = []
+    for value in values:
+        try:
+            out.append(ipaddress.ip_network(value.strip(), strict=False))
+        except ValueError:
+            raise ValueError(f"{value!r} is not a network (CIDR) or an address") from None
+    return tuple(out)
+
+
+def _peer_in(scope: Scope, networks: tuple[Network, ...]) -> Network | None:
+    client = scope.get("client")
+    if not networks or not client:
+        return None
+    try:
+        address = ipaddress.ip_address(str(client[0]).split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack socket reports IPv4 peers so
+    return next((n for n in networks if address in n), None)
+
+
 def _unauthorized(message: str, close: bool) -> Any:
     headers = {"WWW-Authenticate": "Bearer"}
     if close:  # the unread body would otherwise have to be drained
@@ -107,24 +162,43 @@ def _unauthorized(message: str, close: bool) -> Any:
 class Authenticate:
     """401 / 403 before the body is read; records the :class:`Principal` for the routes."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, routes: list[tuple[BaseRoute, Need]]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyStore,
+        routes: list[tuple[BaseRoute, Need]],
+        *,
+        by_network: Iterable[BaseRoute] = (),
+        networks: tuple[Network, ...] = (),
+    ) -> None:
         self.app, self.keys, self.routes = app, keys, routes
+        self.by_network, self.networks = list(by_network), networks
 
-    def _need(self, scope: Scope) -> Need:
+    def _need(self, scope: Scope) -> tuple[Need, BaseRoute | None]:
         partial: Need = frozenset()
         for route, need in self.routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
-                return need
+                return need, route
             if match is Match.PARTIAL and need is not None:
                 partial = need  # a wrong method: authenticate, then 405
-        return partial
+        return partial, None
+
+    def _network_principal(self, scope: Scope, route: BaseRoute | None) -> Principal | None:
+        """The principal of a keyless request to a :data:`BY_NETWORK` route from an allowed
+        network (the search scope only), else None."""
+        if route is None or route not in self.by_network:
+            return None
+        network = _peer_in(scope, self.networks)
+        if network is None:
+            return None
+        return Principal(name=f"network {network}", scopes=frozenset({KeyScope.SEARCH}))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        need = self._need(scope)
+        need, route = self._need(scope)
         if need is None:
             await self.app(scope, receive, send)
             return
@@ -139,8 +213,11 @@ class Authenticate:
         scheme, _, given = (auth[0].decode("latin-1") if auth else "").partition(" ")
         key = given.strip() if scheme.lower() == "bearer" else ""
         refusal: Any = None
+        by_network = None if key else self._network_principal(scope, route)
         if not self.keys.enabled and KeyScope.ADMIN not in need:
             principal: Principal | None = _OPEN
+        elif by_network is not None:
+            principal = by_network
         elif not self.keys.enabled and not self.keys.admin_token:
             principal = None
             refusal = error_response(
@@ -148,8 +225,14 @@ class Authenticate:
             )
         elif not key:
             principal = None
+            hint = (
+                " or a request from a network given to --immich-from"
+                if route is not None and route in self.by_network
+                else ""
+            )
             refusal = _unauthorized(
-                "this endpoint needs 'Authorization: Bearer <key>' (themis-clip keys create)",
+                "this endpoint needs 'Authorization: Bearer <key>' (themis-clip keys create)"
+                + hint,
                 has_body,
             )
         elif self.keys.needs_io(key):  # reading the keys file may be slow: off the loop

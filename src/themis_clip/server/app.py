@@ -2,14 +2,17 @@
 
 The factory only assembles: state (:mod:`.state`), middleware (:mod:`.middleware`), metrics
 (:mod:`.metrics`), the error table (:mod:`.errors`) and one router per resource
-(:mod:`.routes`: ``ops``, ``embeddings``, ``search``, ``classify``, ``admin``). Endpoints:
-``POST /v1/embeddings``, ``GET /v1/models`` (OpenAI-compatible), ``POST /v1/classify``, ``POST
-/embed/image``, ``POST /embed/text``, ``POST /index/items``, ``POST /search``, ``GET
-/index/info``, ``GET /index/filters``, ``GET /items/{id}`` (and ``/thumbnail``, ``/preview``),
-``GET /healthz``, ``GET /readyz``, ``GET /stats``, ``GET /metrics``, ``POST /admin/reload``,
-``GET /admin/stats``, ``GET /`` (search page); OpenAPI at ``/docs`` (``/redoc`` redirects
-there). Concurrent single-item
-requests are coalesced by :class:`MicroBatcher`; all model and index work runs in threads.
+(:mod:`.routes`: ``ops``, ``embeddings``, ``search``, ``classify``, ``admin``, ``dialects``).
+Endpoints: ``POST /v1/embeddings``,
+``GET /v1/models`` (OpenAI-compatible), ``POST /v1/classify``, ``POST /embed/image``, ``POST
+/embed/text``, ``POST /index/items``, ``POST /search``, ``GET /index/info``, ``GET
+/index/filters``, ``GET /items/{id}`` (and ``/thumbnail``, ``/preview``), ``GET /healthz``,
+``GET /readyz``, ``GET /stats``, ``GET /metrics``, ``POST /admin/reload``, ``GET
+/admin/stats``, ``GET /`` (search page); other services' embedding APIs (immich's ``GET
+/ping`` and ``POST /predict``, Ollama's ``POST /api/embed``, TEI's ``POST /embed``, Cohere's
+``POST /v2/embed``); OpenAPI at ``/docs`` (``/redoc`` redirects there). Concurrent
+single-item requests are coalesced by :class:`MicroBatcher`; all model and index work runs in
+threads.
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ from themis_clip._version import __version__
 from themis_clip.batching import MicroBatcher
 from themis_clip.index.search import VectorIndex
 from themis_clip.plugin import OnnxClipPlugin
-from themis_clip.server.access import Authenticate, TrustedHosts, route_scopes
+from themis_clip.server.access import (
+    Authenticate,
+    TrustedHosts,
+    network_routes,
+    parse_networks,
+    route_scopes,
+)
 from themis_clip.server.auth import KeyStore
 from themis_clip.server.errors import install_error_handlers
 from themis_clip.server.metrics import Metrics, lag_period, watch_loop_lag
@@ -37,7 +46,16 @@ from themis_clip.server.middleware import (
     RequestGuard,
     StrictFraming,
 )
-from themis_clip.server.routes import admin, classify, docs, duplicates, embeddings, ops, search
+from themis_clip.server.routes import (
+    admin,
+    classify,
+    dialects,
+    docs,
+    duplicates,
+    embeddings,
+    ops,
+    search,
+)
 from themis_clip.server.schemas import ERRORS
 from themis_clip.server.settings import ServerSettings
 from themis_clip.server.state import AppState, text_batch_fn
@@ -134,8 +152,10 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     )
     app.openapi = docs.markdown_openapi(app)  # type: ignore[method-assign]
     app.state.themis = state
-    routers = [m.router for m in (ops, embeddings, search, classify, admin, docs, duplicates)]
-    routers += [ops.public, search.writes]
+    routers = [
+        m.router for m in (ops, embeddings, search, classify, admin, docs, duplicates, dialects)
+    ]
+    routers += [ops.public, search.writes, dialects.public, dialects.immich]
     for router in routers:
         app.include_router(router)
     # Outermost last: FinishBody > Observe > TrustedHosts > StrictFraming > Authenticate >
@@ -154,13 +174,13 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         on_event=lambda name: metrics.guard_events.labels(name).inc(),
     )
     open_docs = (app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+    all_routes = [*app.routes, *(r for router in routers for r in router.routes)]
     app.add_middleware(
         Authenticate,
         keys=KeyStore(settings.keys_file, admin_token=settings.admin_token),
-        routes=route_scopes(
-            [*app.routes, *(r for router in routers for r in router.routes)],
-            [p for p in open_docs if p],
-        ),
+        routes=route_scopes(all_routes, [p for p in open_docs if p]),
+        by_network=network_routes(all_routes),
+        networks=parse_networks(settings.immich_from),
     )
     app.add_middleware(StrictFraming)
     if settings.allowed_hosts is not None:

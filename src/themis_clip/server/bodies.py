@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from themis_clip.server.errors import APIError
 
-__all__ = ["OFF_LOOP_BYTES", "documented", "json_body", "parse_json", "read_model"]
+__all__ = ["OFF_LOOP_BYTES", "documented", "json_body", "json_text", "parse_json", "read_model"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -37,6 +37,12 @@ def parse_json(body: bytes) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise APIError(400, "BadJSON", _problem(exc)) from None
+
+
+def json_text(value: Any) -> str:
+    """``value`` as compact JSON text; a float32 array as the shortest decimals that read back
+    to the same float32 values (what immich's service answers, and pgvector parses)."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 
 def _problem(exc: orjson.JSONDecodeError) -> str:

@@ -19,13 +19,46 @@ def _language() -> Any:
     )
 
 
+class TypedInput(_Strict):
+    """Jina's typed input: ``{"text": ...}`` or ``{"image": data URL or base64}``."""
+
+    text: str | None = None
+    image: str | None = None
+
+
+class ImageURL(BaseModel):
+    url: str
+
+
+class ContentPart(BaseModel):
+    """A chat message's part (OpenAI's chat form, as vLLM's embeddings take it)."""
+
+    type: Literal["text", "image_url"]
+    text: str | None = None
+    image_url: ImageURL | None = None
+
+
+class ChatMessage(BaseModel):
+    role: str = "user"
+    content: str | list[ContentPart]
+
+
 class OpenAIEmbeddingsRequest(BaseModel):
-    """OpenAI's ``/v1/embeddings`` body, plus infinity's ``modality`` for images."""
+    """OpenAI's ``/v1/embeddings`` body, plus infinity's ``modality`` for images, Jina's typed
+    inputs and vLLM's chat ``messages``."""
 
     model_config = ConfigDict(extra="ignore")
-    input: str | list[str] | list[int] | list[list[int]] = Field(
-        description="texts and images (data:image/...;base64, URLs are images); token-id "
-        "arrays are refused (CLIP tokenises text itself)"
+    input: str | list[str | TypedInput] | list[int] | list[list[int]] | None = Field(
+        default=None,
+        description="texts and images (data:image/...;base64, URLs are images; Jina's "
+        '{"text": ...} and {"image": ...} items too); token-id arrays are refused (CLIP '
+        "tokenises text itself)",
+    )
+    messages: list[ChatMessage] | None = Field(
+        default=None,
+        max_length=64,
+        description="vLLM's chat form instead of input: one text or one image_url part in "
+        "all, embedded as one vector",
     )
     model: str | None = Field(
         default=None, description="the served model's id, name or repo id (else 404)"
@@ -191,6 +224,8 @@ class ModelCard(_Strict):
     embedding_dim: int
     modalities: list[Literal["image", "text"]]
     image_size: int | None
+    backend: str = Field(description="what the session runs on: cpu, cuda, openvino, ...")
+    precision: str | None = Field(description="the weights' precision as run (f32, bf16, ...)")
     source: dict[str, Any] | None = Field(description="catalogue name, repo and commit")
 
 

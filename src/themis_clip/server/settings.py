@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from themis_clip.config import PluginConfig, SearchConfig
+from themis_clip.errors import ConfigError
+from themis_clip.server.access import parse_networks
 
 __all__ = ["ServerSettings"]
 
@@ -25,6 +27,8 @@ class ServerSettings:
         keys_file: the API keys file (``themis-clip keys``); given, every route but
             ``/healthz``, ``/readyz`` and the page needs a key with the route's scope
             (None: open, as the loopback demo is).
+        immich_from: networks (CIDR) whose requests to immich's ``/predict`` need no key
+            (immich's server sends none); empty: a key, as on every other route.
         allowed_hosts: the names the server answers for in ``Host`` (others get 421;
             ``*.example.com`` and ``*`` work; None: any, as tests built on the app use).
         max_body_bytes: larger request bodies get 413.
@@ -52,6 +56,7 @@ class ServerSettings:
     admin_token: str | None = None
     allow_pull: bool = False
     keys_file: str | None = None
+    immich_from: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] | None = None
     max_body_bytes: int = 20 * 2**20
     max_json_bytes: int = 16 * 2**20
@@ -65,6 +70,10 @@ class ServerSettings:
     warmup: bool = True
 
     def __post_init__(self) -> None:
+        try:
+            parse_networks(self.immich_from)
+        except ValueError as exc:
+            raise ConfigError(f"immich_from: {exc}") from None
         config = self.plugin_config
         if config.session.run_timeout_s is None:  # no session run outlives its requests
             session = replace(config.session, run_timeout_s=self.request_timeout_s)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -23,10 +23,20 @@ from themis_clip.interface import EmbeddingResult
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import APIError
 from themis_clip.server.metrics import Metrics
+from themis_clip.server.payloads import decode_image_fields, raise_for
 from themis_clip.server.settings import ServerSettings
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["AppState", "StateDep", "get_state", "text_batch_fn"]
+__all__ = ["AppState", "Part", "StateDep", "get_state", "text_batch_fn"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    """One input of an embedding request, in any dialect: a text, or an image given as raw
+    bytes or as a data URL / bare base64 string."""
+
+    text: str | None = None
+    image: str | bytes | None = None
 
 
 @dataclass
@@ -75,6 +85,62 @@ class AppState:
         self.require_ready()
         assert self.text_batcher is not None
         return await self._all_one_model(self.text_batcher, [(t, language) for t in items])
+
+    async def embed_parts(
+        self,
+        parts: Sequence[Part],
+        *,
+        language: str | None = None,
+        truncate: bool = True,
+        where: str = "input",
+        truncate_hint: str = 'send "truncate": true to embed its first tokens',
+    ) -> list[EmbeddingResult]:
+        """Every door's one embedding path: images and texts through the batchers, in order.
+
+        Returns:
+            One successful result per part, all from one model.
+
+        Raises:
+            APIError: a part that cannot be embedded (named ``where[i]``), a hot swap during
+                the request (503), or a text over the context with ``truncate`` off (422).
+        """
+        image_at = [i for i, p in enumerate(parts) if p.image is not None]
+        text_at = [i for i, p in enumerate(parts) if p.image is None]
+        results: list[EmbeddingResult | None] = [None] * len(parts)
+        if image_at:
+            given = [parts[i].image for i in image_at]
+            encoded = [(k, v) for k, v in enumerate(given) if isinstance(v, str)]
+            decoded = await decode_image_fields([v for _, v in encoded])
+            for (k, _), data in zip(encoded, decoded, strict=True):
+                given[k] = data
+            raw = [v for v in given if isinstance(v, bytes)]
+            for i, r in zip(image_at, await self.embed_images(raw), strict=True):
+                results[i] = r
+        if text_at:
+            texts = [parts[i].text or "" for i in text_at]
+            for i, r in zip(text_at, await self.embed_texts(texts, language), strict=True):
+                results[i] = r
+        done = [r for r in results if r is not None]
+        for i, r in enumerate(done):
+            raise_for(r, f"{where}[{i}]")
+        if len({r.model_id for r in done}) > 1:
+            raise APIError(
+                503,
+                "ModelSwapped",
+                "the model was swapped during the request; retry",
+                {"Retry-After": "1"},
+            )
+        cut = [i for i, r in enumerate(done) if r.truncated]
+        if cut and not truncate:
+            spec = self.plugin.model_spec
+            context = spec.context_length if spec is not None else 0
+            raise APIError(
+                422,
+                "TextTooLong",
+                f"{where}[{cut[0]}] is longer than the model's context of {context} tokens "
+                f"({truncate_hint})",
+            )
+        return done
 
     async def _all_one_model(
         self, batcher: MicroBatcher[Any, EmbeddingResult], items: list[Any]

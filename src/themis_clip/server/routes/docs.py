@@ -61,6 +61,10 @@ TAGS = [
     {"name": "zero-shot", "description": "Classify an image, rank candidates."},
     {"name": "operations", "description": "Health, readiness and statistics."},
     {"name": "admin", "description": "Reload the model (admin token)."},
+    {
+        "name": "other services",
+        "description": "Embedding APIs of immich's machine learning, Ollama, TEI and Cohere.",
+    },
 ]
 
 _ROLE = re.compile(r":[a-z]+:`~?(?:[^`<]*<)?([^`>]+)>?`")

@@ -10,13 +10,12 @@ from fastapi import APIRouter, Request, Response
 
 from themis_clip import jsonio
 from themis_clip.files import open_regular
-from themis_clip.interface import EmbeddingResult
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import SEARCH
 from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import decode_image_fields, raise_for, vector
+from themis_clip.server.payloads import raise_for, vector
 from themis_clip.server.schemas import (
     ImageEmbedding,
     ModelCard,
@@ -25,9 +24,10 @@ from themis_clip.server.schemas import (
     OpenAIEmbeddingsRequest,
     TextEmbeddings,
     TextRequest,
+    TypedInput,
     answer,
 )
-from themis_clip.server.state import AppState, StateDep
+from themis_clip.server.state import AppState, Part, StateDep
 
 router = APIRouter(dependencies=[SEARCH], tags=["embeddings"])
 
@@ -67,12 +67,12 @@ def served_model_names(plugin: OnnxClipPlugin) -> set[str]:
     return names
 
 
-def _takes_language(plugin: OnnxClipPlugin) -> bool:
+def takes_language(plugin: OnnxClipPlugin) -> bool:
     spec = plugin.model_spec
     return spec is not None and spec.text.takes_language
 
 
-def _require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
+def require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
     """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve."""
     if model is None or model in served_model_names(plugin):
         return
@@ -101,6 +101,9 @@ def _model_card(state: AppState) -> dict[str, Any]:
         "embedding_dim": identity.embedding_dim,
         "modalities": ["image", "text"] if stats["text_tower"] else ["image"],
         "image_size": stats["image_size"],
+        # Where it runs and in what arithmetic (bf16 under OpenVINO on AMX CPUs, else f32).
+        "backend": stats["backend"],
+        "precision": stats["precision"],
         # Served by name (models/hub): its catalogue name, repo, revision and commit.
         "source": hub.describe(plugin.config.model.path) if plugin.config else None,
     }
@@ -114,7 +117,7 @@ async def list_models(state: StateDep) -> dict[str, Any]:
 
 @router.get("/v1/models/{model:path}", **answer(ModelCard))
 async def get_model(model: str, state: StateDep) -> dict[str, Any]:
-    _require_model(model, state.require_ready())
+    require_model(model, state.require_ready())
     return _model_card(state)
 
 
@@ -133,15 +136,64 @@ def _token_arrays() -> APIError:
     )
 
 
-def _inputs(body: OpenAIEmbeddingsRequest) -> list[str]:
-    raw = [body.input] if isinstance(body.input, str) else list(body.input)
+def _chat_part(body: OpenAIEmbeddingsRequest) -> Part:
+    """vLLM's ``messages`` form: the conversation's one text or image is its one vector (CLIP
+    embeds one input at a time; it cannot fuse a text and an image)."""
+    if body.input not in (None, "", []):
+        raise APIError(422, "ValidationError", "give either input or messages, not both")
+    found: list[tuple[str, Part]] = []
+    for m, message in enumerate(body.messages or []):
+        if isinstance(message.content, str):
+            found.append((f"messages[{m}].content", Part(text=message.content)))
+            continue
+        for c, part in enumerate(message.content):
+            where = f"messages[{m}].content[{c}]"
+            if part.type == "text" and part.text is not None:
+                found.append((where, Part(text=part.text)))
+            elif part.type == "image_url" and part.image_url is not None:
+                found.append((where, Part(image=part.image_url.url)))
+            else:
+                raise APIError(422, "ValidationError", f"{where}: a {part.type} part without it")
+    if len(found) != 1:
+        where = ", ".join(w for w, _ in found[:3]) or "none"
+        raise APIError(
+            422,
+            "ValidationError",
+            f"messages: CLIP embeds one text or one image per request in the chat form; "
+            f"found {len(found)} ({where}); send several inputs in 'input' instead",
+        )
+    return found[0][1]
+
+
+def _inputs(body: OpenAIEmbeddingsRequest) -> list[str | TypedInput]:
+    given = body.input if body.input is not None else []
+    raw = [given] if isinstance(given, str) else list(given)
     if not raw:
         raise APIError(422, "ValidationError", "input: at least one item is required")
     if len(raw) > MAX_INPUTS:
         raise APIError(422, "ValidationError", f"input: at most {MAX_INPUTS} items")
-    if not all(isinstance(x, str) for x in raw):
+    if not all(isinstance(x, str | TypedInput) for x in raw):
         raise _token_arrays()
-    return [x for x in raw if isinstance(x, str)]
+    return [x for x in raw if isinstance(x, str | TypedInput)]
+
+
+def _parts(body: OpenAIEmbeddingsRequest) -> list[Part]:
+    """The request's inputs: strings (a data:image/ URL is an image, or all are with
+    ``modality``), Jina's typed items, or vLLM's chat messages."""
+    if body.messages is not None:
+        return [_chat_part(body)]
+    inputs = _inputs(body)
+    strings = [x for x in inputs if isinstance(x, str)]
+    is_image = iter(_is_image(strings, body.modality))
+    parts = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, str):
+            parts.append(Part(image=x) if next(is_image) else Part(text=x))
+        elif (x.text is None) == (x.image is None):
+            raise APIError(422, "ValidationError", f"input[{i}]: give one of text or image")
+        else:
+            parts.append(Part(text=x.text) if x.image is None else Part(image=x.image))
+    return parts
 
 
 def _is_image(inputs: list[str], modality: str | None) -> list[bool]:
@@ -177,9 +229,9 @@ async def openai_embeddings(
     state: StateDep,
     response: Response,
 ) -> dict[str, Any]:
-    inputs = _inputs(body)
+    parts = _parts(body)
     plugin = state.require_ready()
-    _require_model(body.model, plugin)
+    require_model(body.model, plugin)
     if body.dimensions is not None:
         identity = plugin.model_identity
         dim = identity.embedding_dim if identity else None
@@ -190,38 +242,8 @@ async def openai_embeddings(
                 f"dimensions: this model's embeddings have {dim} dimensions; CLIP embeddings "
                 "cannot be shortened (omit 'dimensions' or pass it unchanged)",
             )
-    images = _is_image(inputs, body.modality)
-    image_at = [i for i, img in enumerate(images) if img]
-    text_at = [i for i, img in enumerate(images) if not img]
-    results: list[EmbeddingResult | None] = [None] * len(inputs)
-    if image_at:
-        decoded = await decode_image_fields([inputs[i] for i in image_at])
-        for i, r in zip(image_at, await state.embed_images(decoded), strict=True):
-            results[i] = r
-    if text_at:
-        texts = [inputs[i] for i in text_at]
-        for i, r in zip(text_at, await state.embed_texts(texts, body.language), strict=True):
-            results[i] = r
-    done = [r for r in results if r is not None]
-    for i, r in enumerate(done):
-        raise_for(r, f"input[{i}]")
-    if len({r.model_id for r in done}) > 1:
-        raise APIError(
-            503,
-            "ModelSwapped",
-            "the model was swapped during the request; retry",
-            {"Retry-After": "1"},
-        )
-    spec = plugin.model_spec
-    context = spec.context_length if spec is not None else 0
+    done = await state.embed_parts(parts, language=body.language, truncate=body.truncate)
     cut = [i for i, r in enumerate(done) if r.truncated]
-    if cut and not body.truncate:
-        raise APIError(
-            422,
-            "TextTooLong",
-            f"input[{cut[0]}] is longer than the model's context of {context} tokens "
-            '(send "truncate": true to embed its first tokens)',
-        )
     rows = []
     for i, r in enumerate(done):
         assert r.embedding is not None
@@ -241,7 +263,8 @@ async def openai_embeddings(
         "model": done[0].model_id,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    if body.language is not None and text_at and not _takes_language(plugin):
+    has_text = any(p.image is None for p in parts)
+    if body.language is not None and has_text and not takes_language(plugin):
         out["language_ignored"] = True
     return out
 
@@ -286,6 +309,6 @@ async def embed_text(
         "truncated": [r.truncated for r in results],
         "model_id": results[0].model_id,
     }
-    if body.language is not None and not _takes_language(state.plugin):
+    if body.language is not None and not takes_language(state.plugin):
         out["language_ignored"] = True
     return out

@@ -1,0 +1,98 @@
+"""The canary: a provider serves only if it embeds like ONNX Runtime's CPU provider in fp32.
+
+At every load (so after every hot swap too), a tower opened on anything but the CPU provider in
+fp32 (a GPU, OpenVINO, a reduced precision) embeds golden inputs (the warm-up input and images
+drawn by :mod:`themis_clip.demo.scenes` for the image tower; the probe row and captions for the
+text tower) each alone and all in one batch; a reference session of the same graph on the CPU
+provider in fp32 embeds each alone. The smallest cosine must reach the floor
+(``canary_min_cosine``), else the provider is refused with the figure. This catches a provider
+that returns one vector for every input, lets batch-mates leak into each other, or loses too
+much precision; why: such a provider corrupts an index silently, and nothing else would notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from themis_clip.demo.scenes import Scene, render_scene
+from themis_clip.engine import TextualTower, VisualTower, l2_normalize
+from themis_clip.preprocess.image import ImagePreprocessor
+
+__all__ = ["CanaryResult", "golden_pixels", "golden_rows", "min_cosine", "probe"]
+
+#: the golden images: distinct shapes, colours and places, drawn the same on every machine
+GOLDEN_SCENES = (
+    Scene(shape="circle", colour="red", seed=1),
+    Scene(shape="square", colour="blue", size="small", position="left", seed=2),
+    Scene(shape="triangle", colour="green", position="right", seed=3),
+    Scene(shape="star", colour="yellow", size="small", seed=4),
+)
+GOLDEN_CAPTIONS = ("a photo of a dog", "a red circle", "ein Haus am See", "🙂 1234 ...")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CanaryResult:
+    """One tower's canary: its smallest cosine to the CPU fp32 reference and the floor."""
+
+    tower: str
+    min_cosine: float
+    floor: float
+
+    @property
+    def passed(self) -> bool:
+        return self.min_cosine >= self.floor
+
+
+def golden_pixels(preprocessor: ImagePreprocessor) -> npt.NDArray[np.float32]:
+    """The image tower's golden inputs ``[5, 3, S, S]``: the warm-up zeros, then the scenes."""
+    size = preprocessor.spec.image_size
+    images = [preprocessor(render_scene(s, size=max(size, 64))) for s in GOLDEN_SCENES]
+    return np.stack([np.zeros((3, size, size), np.float32), *images]).astype(np.float32)
+
+
+def golden_rows(tower: TextualTower) -> list[list[int]]:
+    """The text tower's golden token rows: the probe row, then the captions."""
+    batch = tower.tokenizer.encode_batch(list(GOLDEN_CAPTIONS))
+    return [tower.tokenizer.probe_row(), *(list(r) for r in batch.rows if r)]
+
+
+def min_cosine(
+    run: Callable[[Any], npt.NDArray[np.float32]],
+    reference: Callable[[Any], npt.NDArray[np.float32]],
+    inputs: Sequence[Any] | npt.NDArray[Any],
+    join: Callable[[Sequence[Any]], Any],
+) -> float:
+    """The smallest cosine between ``run``'s embeddings of ``inputs`` (each alone, and all in
+    one batch made by ``join``) and ``reference``'s of each alone; -1 for a vector that is not
+    finite or is zero."""
+    items = [inputs[i : i + 1] for i in range(len(inputs))]
+    ref, ref_ok = l2_normalize(np.concatenate([reference(x) for x in items]))
+    worst = 1.0
+    for out in (np.concatenate([run(x) for x in items]), run(join(items))):
+        got, ok = l2_normalize(out)
+        cos = np.where(ok & ref_ok, np.sum(got * ref, axis=1, dtype=np.float64), -1.0)
+        worst = min(worst, float(cos.min()))
+    return worst
+
+
+def probe(
+    tower: VisualTower | TextualTower,
+    reference: VisualTower | TextualTower,
+    floor: float,
+    preprocessor: ImagePreprocessor,
+) -> CanaryResult:
+    """Run the canary on ``tower`` against ``reference`` (the same graph on CPU fp32)."""
+    if isinstance(tower, VisualTower):
+        assert isinstance(reference, VisualTower)
+        pixels = golden_pixels(preprocessor)
+        cos = min_cosine(tower.run, reference.run, pixels, np.concatenate)
+        return CanaryResult(tower="visual", min_cosine=cos, floor=floor)
+    assert isinstance(reference, TextualTower)
+    rows = golden_rows(tower)
+    cos = min_cosine(tower.run, reference.run, rows, lambda items: [r for x in items for r in x])
+    return CanaryResult(tower="textual", min_cosine=cos, floor=floor)

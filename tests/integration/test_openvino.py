@@ -1,0 +1,144 @@
+"""OpenVINO for real (where its plugin offers a device), and the batch-independence promise on
+every provider: a vector must not depend on its batch-mates (alone vs in batches of 1 to 32:
+bit-identical where the provider allows, else cosine >= 0.99999).
+
+GPU providers cannot start on a machine without a GPU: they are injected at the session seam
+(a real CPU session under their name), which tests the path the plugin takes for them, the
+canary and the checks here; the kernels themselves are the CPU's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.helpers import photo_like
+from themis_clip import BackendType, ModelConfig, OnnxClipPlugin, PluginConfig
+from themis_clip.resources import demo_model_path
+from themis_clip.runtime import (
+    ProviderPlan,
+    SessionSettings,
+    create_session,
+    openvino_devices,
+    plan_providers,
+)
+
+CPU = "CPUExecutionProvider"
+
+# AUTO as a user gets it (the suite pins CPU through THEMIS_CLIP_BACKEND).
+pytestmark = pytest.mark.usefixtures("auto_backend")
+
+
+def openvino_device() -> str | None:
+    try:
+        import onnxruntime_ep_openvino  # noqa: F401
+    except ImportError:
+        return None
+    return next(iter(openvino_devices()), None)
+
+
+needs_openvino = pytest.mark.skipif(
+    openvino_device() is None,
+    reason="the OpenVINO plugin offers no device here (not installed, or not Intel hardware)",
+)
+
+
+def injected(path: Path, plan: ProviderPlan, settings: SessionSettings, **kw: Any) -> Any:
+    """A real CPU session under the plan's provider name."""
+    session = create_session(path, plan_providers(BackendType.CPU, [CPU])[0], settings, **kw)
+    if plan.backend is BackendType.CPU:
+        return session
+    return dataclasses.replace(session, backend=plan.backend, providers=(plan.providers[0][0], CPU))
+
+
+PROVIDERS = {
+    "cpu": (BackendType.CPU, None),
+    "cuda-injected": (BackendType.CUDA, ["CUDAExecutionProvider", CPU]),
+    "tensorrt-injected": (BackendType.TENSORRT, ["TensorrtExecutionProvider", CPU]),
+    "openvino": (BackendType.OPENVINO, None),
+}
+
+
+@pytest.fixture(params=list(PROVIDERS))
+def served(request: pytest.FixtureRequest) -> Iterator[OnnxClipPlugin]:
+    backend, available = PROVIDERS[request.param]
+    if backend is BackendType.OPENVINO and openvino_device() is None:
+        pytest.skip("the OpenVINO plugin offers no device here (not installed, or not Intel)")
+    plugin = (
+        OnnxClipPlugin(available_providers=available, session_factory=injected)
+        if available
+        else OnnxClipPlugin()
+    )
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    assert plugin.initialize(config, backend), plugin.last_error
+    assert plugin.get_backend() is backend
+    yield plugin
+    plugin.shutdown()
+
+
+def assert_independent(alone: np.ndarray, batched: np.ndarray, where: str) -> None:
+    if np.array_equal(alone, batched):
+        return
+    cos = np.sum(alone.astype(np.float64) * batched, axis=1)
+    assert cos.min() >= 0.99999, f"{where}: min cosine {cos.min():.7f} to the vector alone"
+
+
+@pytest.mark.slow
+def test_a_vector_does_not_depend_on_its_batch_mates(served: OnnxClipPlugin) -> None:
+    pixels = np.stack([served.preprocess(photo_like(80, 60, seed)) for seed in range(32)])
+    alone = np.concatenate([served.embed_pixels(pixels[i : i + 1]) for i in range(32)])
+    texts = [f"photo number {i} of a {'red' if i % 2 else 'blue'} thing" for i in range(32)]
+    rows = served.tokenize(texts)
+    alone_t = np.concatenate([served.embed_tokens([r]) for r in rows])
+    for size in range(1, 33):
+        for start in range(0, 32, size):
+            stop = min(start + size, 32)
+            got = served.embed_pixels(pixels[start:stop])
+            assert_independent(alone[start:stop], got, f"images, batch of {size}")
+            got_t = served.embed_tokens(rows[start:stop])
+            assert_independent(alone_t[start:stop], got_t, f"texts, batch of {size}")
+
+
+@needs_openvino
+def test_openvino_serves_with_its_precision_and_canary(tmp_path: Path) -> None:
+    plugin = OnnxClipPlugin()
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    assert plugin.initialize(config), plugin.last_error  # AUTO picks OpenVINO where offered
+    try:
+        stats = plugin.get_statistics()
+        assert stats["backend"] == "openvino"
+        assert stats["providers"][0] == "OpenVINOExecutionProvider"
+        assert stats["precision"] in ("bf16", "f32", "f16")
+        assert min(stats["canary"]["min_cosine"].values()) >= 0.9999
+        # the canary ran on both towers; f32 forced is f32
+        assert set(stats["canary"]["min_cosine"]) == {"visual", "textual"}
+    finally:
+        plugin.shutdown()
+
+
+@needs_openvino
+def test_openvino_hot_swap_and_mmap(tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "demo"
+    shutil.copytree(demo_model_path(), copy)
+    plugin = OnnxClipPlugin()
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+    try:
+        before = plugin.generate_text_embedding("a red circle").embedding
+        mapped = PluginConfig(model=ModelConfig(path=str(copy), enable_mmap_loading=True))
+        assert plugin.reload_model(mapped), plugin.last_error
+        stats = plugin.get_statistics()
+        assert (stats["backend"], stats["loading_mode"]) == ("openvino", "mmap")
+        assert stats["generation"] == 2
+        assert min(stats["canary"]["min_cosine"].values()) >= 0.9999
+        after = plugin.generate_text_embedding("a red circle").embedding
+        assert float(np.dot(before, after)) >= 0.9999
+    finally:
+        plugin.shutdown()
