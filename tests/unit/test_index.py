@@ -17,6 +17,7 @@ from themis_clip.index.indexer import index_folder, walk_images
 from themis_clip.index.search import VectorIndex, top_k
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.stores.sqlite import SCHEMA_VERSION, IndexStore
+from themis_clip.index.where import with_filters
 from themis_clip.vocabulary import ModelIdentity
 
 # -- store -------------------------------------------------------------------------------------
@@ -103,8 +104,8 @@ def test_filters_are_answered_from_the_fields_index(tmp_path: Path) -> None:
             )
         )
         assert "fields_value" in plan and "SCAN" not in plan
-        assert len(store.ids_matching({"m3": 3, "m4": 4.0})) == 20
-        assert store.ids_matching({f"missing{j}": 1 for j in range(32)}) == set()
+        assert len(store.ids_where(with_filters({"m3": 3, "m4": 4.0}))) == 20
+        assert store.ids_where(with_filters({f"missing{j}": 1 for j in range(32)})) == set()
         assert store.metadata_keys_present(["m1", "nope"]) == {"m1"}
 
 
@@ -122,7 +123,7 @@ def test_migration_to_v5_indexes_the_metadata_already_stored(tmp_path: Path) -> 
     db.commit()
     db.close()
     with IndexStore(path) as store:
-        items = store.items_by_id(list(store.ids_matching({"even": True})))
+        items = store.items_by_id(list(store.ids_where(with_filters({"even": True}))))
         assert sorted(item.key for item in items.values()) == ["k0", "k2", "k4"]
         assert store.metadata_facets()[0]["count"] == 6
 
@@ -167,7 +168,7 @@ def test_search_exact_and_hnsw(tmp_path: Path, threshold: int) -> None:
         brute = np.argsort(-(np.stack(vectors) @ vectors[7]))[:10]
         got = [int(h.key[1:]) for h in index.search(vectors[7], 10)]
         assert len(set(got) & set(brute.tolist())) >= 9
-        odd = index.search(vectors[42], 5, filters={"even": False})
+        odd = index.search(vectors[42], 5, where=with_filters({"even": False}))
         assert odd and all(h.metadata == {"even": False} for h in odd)
         index.store.delete_keys(["k42"])  # a write invalidates the cached matrix / graph
         assert index.search(vectors[42], 1)[0].key != "k42"
@@ -401,7 +402,7 @@ def test_a_filter_on_many_unknown_keys_asks_the_store_once(
 
         monkeypatch.setattr(index.store, "metadata_keys_present", counted)
         with pytest.raises(MetadataError, match="missing00"):
-            index.search(unit(1), 1, {f"missing{j:02d}": j for j in range(32)})
+            index.search(unit(1), 1, where=with_filters({f"missing{j:02d}": j for j in range(32)}))
         assert len(calls) == 1 and len(calls[0]) == 32
 
 
@@ -466,7 +467,7 @@ def test_writing_to_a_read_only_index_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from themis_clip.errors import SearchIndexError
-    from themis_clip.index.stores import sqlite as store
+    from themis_clip.index.stores.sqlite import store
 
     path = tmp_path / "i.db"
     store.IndexStore(path).close()

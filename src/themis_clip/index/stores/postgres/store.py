@@ -1,11 +1,12 @@
-"""The only module that imports ``psycopg`` and ``pgvector``: an index in PostgreSQL.
+"""An index in PostgreSQL (the only module that imports ``psycopg`` and ``pgvector``).
 
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
 metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
 and behaves the same (``tests/integration/test_store_contract.py``: one suite, both). The
-database also searches itself (pgvector's HNSW index): that is :mod:`..searchers.postgres`, on this
-store's connection. The schema, its migrations and the filter SQL are in :mod:`.pgschema`.
+database also searches itself (pgvector's HNSW index): that is
+:mod:`themis_clip.index.searchers.postgres`, on this store's connection. The schema and its
+migrations are :mod:`.schema`; the reads beyond items and vectors :mod:`.queries`.
 
 Why psycopg 3: the maintained PostgreSQL driver for Python (binary protocol, server-side
 parameters, thread-safe connections, clear exception classes); ``pgvector`` (the extension
@@ -29,25 +30,22 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
+from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
-from themis_clip.index.stores.pgschema import (
+from themis_clip.index.stores.postgres import queries
+from themis_clip.index.stores.postgres.pool import Pool
+from themis_clip.index.stores.postgres.schema import (
     INTEGRITY_SQL,
-    KEYS_PRESENT_SQL,
     MIGRATION_LOCK,
     MIGRATIONS,
     PG_SCHEMA_VERSION,
     TABLES,
     ensure_extension,
-    filter_sql,
     first_line,
     has_halfvec,
-    jsonb_text,
     redact,
     schema_version,
 )
-from themis_clip.index.stores.pgwhere import PgWhereMixin
-from themis_clip.index.stores.pgwords import PgQueries
-from themis_clip.index.stores.pool import Pool
 from themis_clip.index.stores.rows import (
     COLUMNS,
     ItemRow,
@@ -56,6 +54,8 @@ from themis_clip.index.stores.rows import (
     like_under,
     stored_item,
 )
+from themis_clip.index.where import Where
+from themis_clip.index.wheresql import jsonb_text
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
 
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 8
 
 
-class PgStore(PgQueries, PgWhereMixin):
+class PgStore:
     """An index in a PostgreSQL database with the pgvector extension.
 
     Args:
@@ -436,19 +436,46 @@ class PgStore(PgQueries, PgWhereMixin):
         rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
         return {int(r[0]): stored_item(r) for r in rows}
 
-    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
-        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality)."""
-        where, params = filter_sql(filters)
+    def ids_where(self, where: Where) -> set[int]:
         with self._db() as db:
-            sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
-            return {int(r[0]) for r in db.execute(sql, params).fetchall()}
+            return queries.ids_where(db, where)
+
+    def lexical(self, text: str, limit: int, where: Where | None) -> list[int]:
+        with self._db() as db:
+            return queries.lexical(db, text, limit, where)
+
+    def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]:
+        with self._db() as db:
+            return queries.timeline(db, where)
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
-        """Which of ``keys`` some item's metadata has at its top level (the GIN index answers
-        each ``?``), in one round trip."""
         with self._db() as db:
-            rows = db.execute(KEYS_PRESENT_SQL, {"keys": list(dict.fromkeys(keys))}).fetchall()
-        return {r[0] for r in rows}
+            return queries.keys_present(db, keys)
+
+    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
+        with self._db() as db:
+            return queries.metadata_facets(db, max_keys=max_keys, max_values=max_values)
+
+    def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]:
+        with self._db() as db:
+            return queries.photo_facets(db, max_makes=max_makes)
+
+    def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int:
+        """Replace the metadata of existing items (key → metadata), vectors untouched (the
+        HNSW index needs nothing). Returns how many items there were."""
+        rows = []
+        for key, meta in values.items():
+            text = encode(validate_metadata(meta)) if meta is not None else None
+            rows.append((text, jsonb_text(text), key))
+        if not rows:
+            return 0
+        done = 0
+        with self.transaction() as db:
+            for row in rows:
+                done += db.execute(
+                    "UPDATE themis_items SET metadata = %s, doc = %s::jsonb WHERE key = %s", row
+                ).rowcount
+        return done
 
     # -- failures ------------------------------------------------------------------------------
 
