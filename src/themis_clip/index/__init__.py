@@ -28,23 +28,18 @@ if TYPE_CHECKING:
     )
     from themis_clip.index.where import Where, parse_where, with_filters
 
+# Where each exported name lives (the imports above are for type checkers only).
 _HOMES = {
-    "themis_clip.index.indexer": ("IndexReport", "index_folder"),
-    "themis_clip.index.query": ("Page", "QueryMode", "combine", "search_page"),
-    "themis_clip.index.relevance": ("Cut", "CutResult"),
-    "themis_clip.index.search": ("MAX_K", "Hit", "VectorIndex"),
-    "themis_clip.index.stores": (
-        "Facets",
-        "ItemRow",
-        "Lexical",
-        "Store",
-        "StoredItem",
-        "drop_store",
-        "open_store",
-    ),
-    "themis_clip.index.where": ("Where", "parse_where", "with_filters"),
+    "indexer": "IndexReport index_folder",
+    "query": "Page QueryMode combine search_page",
+    "relevance": "Cut CutResult",
+    "search": "MAX_K Hit VectorIndex",
+    "stores": "Facets ItemRow Lexical Store StoredItem drop_store open_store",
+    "where": "Where parse_where with_filters",
 }
-_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+_HOME_OF = {
+    name: f"{__name__}.{module}" for module, names in _HOMES.items() for name in names.split()
+}
 
 __all__ = [
     "MAX_K",

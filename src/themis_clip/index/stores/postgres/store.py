@@ -114,9 +114,10 @@ class PgStore:
         return conn
 
     @contextmanager
-    def _db(self) -> Iterator[Any]:
+    def connection(self) -> Iterator[Any]:
         """A connection of this thread's own until the block ends (the same one when nested),
-        reconnected when the server dropped it; psycopg errors translated."""
+        reconnected when the server dropped it; psycopg errors translated (a searcher's own
+        SQL runs on it too: :mod:`themis_clip.index.searchers.postgres`)."""
         import psycopg
 
         held = getattr(self._local, "conn", None)
@@ -140,13 +141,6 @@ class PgStore:
         conn = self._connect()
         self._register(conn)
         return conn
-
-    @contextmanager
-    def connection(self) -> Iterator[Any]:
-        """The connection for a searcher's own SQL (:mod:`..searchers.postgres`), as
-        :meth:`_db` gives it: this thread's own while the block lasts, errors translated."""
-        with self._db() as db:
-            yield db
 
     def as_halfvec(self, vector: npt.NDArray[np.float32]) -> Any:
         """``vector`` as a query parameter of type ``halfvec`` (pgvector's adapter)."""
@@ -216,7 +210,7 @@ class PgStore:
         """Delete the index's tables (``--rebuild``); other tables are left alone."""
         store = PgStore(url)
         try:
-            with store._db() as db, db.transaction():
+            with store.connection() as db, db.transaction():
                 db.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
         finally:
             store.close()
@@ -226,7 +220,7 @@ class PgStore:
         """One atomic write, numbered: ``write_version`` is bumped first (ordering writers)."""
         if self.readonly:
             raise SearchIndexError(f"the index at {self.path} is open read-only")
-        with self._db() as db, db.transaction():
+        with self.connection() as db, db.transaction():
             (version,) = db.execute(
                 "UPDATE themis_meta SET value = (value::bigint + 1)::text "
                 "WHERE key = 'write_version' RETURNING value::bigint"
@@ -237,7 +231,7 @@ class PgStore:
     # -- meta ----------------------------------------------------------------------------------
 
     def meta(self) -> dict[str, str]:
-        with self._db() as db:
+        with self.connection() as db:
             return dict(db.execute("SELECT key, value FROM themis_meta").fetchall())
 
     def set_meta(self, values: Mapping[str, str | int]) -> None:
@@ -253,7 +247,7 @@ class PgStore:
 
     @property
     def write_version(self) -> int:
-        with self._db() as db:
+        with self.connection() as db:
             row = db.execute("SELECT value FROM themis_meta WHERE key = 'write_version'").fetchone()
         return int(row[0]) if row else 0
 
@@ -337,7 +331,7 @@ class PgStore:
             )
 
     def _select(self, where: str, params: Sequence[Any]) -> list[Any]:
-        with self._db() as db:
+        with self.connection() as db:
             # Constant SQL built here; every value is a bound parameter.
             sql = f"SELECT {COLUMNS} FROM themis_items WHERE {where}"  # noqa: S608
             return list(db.execute(sql, params).fetchall())
@@ -355,22 +349,22 @@ class PgStore:
         return [stored_item(r) for r in self._select("sha256 = %s", (digest,))]
 
     def vector(self, key: str) -> npt.NDArray[np.float32] | None:
-        with self._db() as db:
+        with self.connection() as db:
             row = db.execute("SELECT embedding FROM themis_items WHERE key = %s", (key,)).fetchone()
         return _np(row[0]) if row else None
 
     def thumbnail(self, key: str) -> bytes | None:
-        with self._db() as db:
+        with self.connection() as db:
             row = db.execute("SELECT thumbnail FROM themis_items WHERE key = %s", (key,)).fetchone()
         return bytes(row[0]) if row and row[0] is not None else None
 
     def count(self) -> int:
-        with self._db() as db:
+        with self.connection() as db:
             (n,) = db.execute("SELECT count(*) FROM themis_items").fetchone()
         return int(n)
 
     def _vectors(self, sql: str, params: Sequence[Any], dim: int) -> tuple[Any, Any]:
-        with self._db() as db, db.cursor(binary=True) as cur:
+        with self.connection() as db, db.cursor(binary=True) as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -393,7 +387,7 @@ class PgStore:
             (version,),
             dim,
         )
-        with self._db() as db:
+        with self.connection() as db:
             gone = db.execute("SELECT id FROM themis_removed WHERE at > %s", (version,)).fetchall()
         return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
 
@@ -425,7 +419,7 @@ class PgStore:
 
     def size_bytes(self) -> int:
         """The index's tables with their indexes and TOAST, as PostgreSQL counts them."""
-        with self._db() as db:
+        with self.connection() as db:
             sql = "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c"
             (n,) = db.execute(sql, (list(TABLES),)).fetchone()
         return int(n or 0)
@@ -437,27 +431,27 @@ class PgStore:
         return {int(r[0]): stored_item(r) for r in rows}
 
     def ids_where(self, where: Where) -> set[int]:
-        with self._db() as db:
+        with self.connection() as db:
             return queries.ids_where(db, where)
 
     def lexical(self, text: str, limit: int, where: Where | None) -> list[int]:
-        with self._db() as db:
+        with self.connection() as db:
             return queries.lexical(db, text, limit, where)
 
     def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]:
-        with self._db() as db:
+        with self.connection() as db:
             return queries.timeline(db, where)
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
-        with self._db() as db:
+        with self.connection() as db:
             return queries.keys_present(db, keys)
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
-        with self._db() as db:
+        with self.connection() as db:
             return queries.metadata_facets(db, max_keys=max_keys, max_values=max_values)
 
     def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]:
-        with self._db() as db:
+        with self.connection() as db:
             return queries.photo_facets(db, max_makes=max_makes)
 
     def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int:
@@ -490,7 +484,7 @@ class PgStore:
                 )
 
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
-        with self._db() as db:
+        with self.connection() as db:
             rows = db.execute(
                 "SELECT path, size, mtime_ns, error FROM themis_failures WHERE path LIKE %s",
                 (like_under(prefix),),
@@ -507,7 +501,7 @@ class PgStore:
         """Whether the tables agree with each other (what a torn write would break): one
         ``write_version``, no row written after it, no removed id still present, a ``doc``
         exactly where there is ``metadata``, and every vector of the index's dimension."""
-        with self._db() as db:
+        with self.connection() as db:
             (ok,) = db.execute(INTEGRITY_SQL).fetchone()
         return bool(ok)
 
