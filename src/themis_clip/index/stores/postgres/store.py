@@ -1,4 +1,4 @@
-"""An index in PostgreSQL (the only module that imports ``psycopg`` and ``pgvector``).
+"""An index in PostgreSQL (the only module that imports ``psycopg``, its pool and ``pgvector``).
 
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
@@ -14,8 +14,8 @@ author's adapter) moves vectors as NumPy arrays in binary form.
 
 Every write is one transaction that first bumps ``write_version`` (its row lock orders writers);
 a killed client's open transaction is rolled back by the server, so nothing is half-written.
-A store holds up to :data:`POOL_SIZE` connections, one per thread at a time, so concurrent
-searches of one server run side by side instead of queueing behind one connection.
+A store holds up to :data:`POOL_SIZE` connections (psycopg's pool), one per thread at a time, so
+concurrent searches of one server run side by side instead of queueing behind one connection.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.postgres import queries
-from themis_clip.index.stores.postgres.pool import Pool
 from themis_clip.index.stores.postgres.schema import (
     INTEGRITY_SQL,
     MIGRATION_LOCK,
@@ -80,17 +79,24 @@ class PgStore:
         self.path = redact(url)
         self.readonly = readonly
         self._timeout = connect_timeout_s
-        self._conn = self._connect()  # the first connection: extension and migrations
+        first = self._connect()  # extension and migrations, failing with the driver's message
         try:
-            self.extension_version = ensure_extension(
-                self._conn, where=self.path, readonly=self.readonly
-            )
-            self._migrate()
-            self._register(self._conn)
-        except BaseException:
-            self._conn.close()
-            raise
-        self._pool = Pool(self._reconnect, size=POOL_SIZE, first=self._conn)
+            self.extension_version = ensure_extension(first, where=self.path, readonly=readonly)
+            self._migrate(first)
+        finally:
+            first.close()
+        from psycopg_pool import ConnectionPool
+
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=POOL_SIZE,
+            timeout=connect_timeout_s,
+            kwargs={"autocommit": True, "connect_timeout": connect_timeout_s},
+            configure=self._configure,
+            check=ConnectionPool.check_connection,  # a connection the server dropped: a new one
+            open=True,
+        )
         self._local = threading.local()  # this thread's connection while it holds one
 
     @property
@@ -109,9 +115,15 @@ class PgStore:
             raise SearchIndexError(
                 f"cannot connect to PostgreSQL at {self.path}: {first_line(exc)}"
             ) from exc
+        return conn
+
+    def _configure(self, conn: Any) -> None:
+        """Each pooled connection: pgvector's types, and read-only when the store is."""
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
         if self.readonly:
             conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-        return conn
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
@@ -124,34 +136,21 @@ class PgStore:
         if held is not None:
             yield held
             return
-        conn = self._pool.acquire()
-        self._local.conn = conn
         try:
-            yield conn
-        except psycopg.Error as exc:
+            with self._pool.connection() as conn:
+                self._local.conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._local.conn = None
+        except psycopg.Error as exc:  # the pool's timeout too: no server to reach
             raise SearchIndexError(f"PostgreSQL ({self.path}): {first_line(exc)}") from exc
-        finally:
-            self._local.conn = None
-            self._pool.release(conn)
-
-    def _reconnect(self, conn: Any | None) -> Any:
-        """``conn`` if it is still usable, else a new connection (the server dropped it)."""
-        if conn is not None and not (conn.closed or conn.broken):
-            return conn
-        conn = self._connect()
-        self._register(conn)
-        return conn
 
     def as_halfvec(self, vector: npt.NDArray[np.float32]) -> Any:
         """``vector`` as a query parameter of type ``halfvec`` (pgvector's adapter)."""
         from pgvector import HalfVector
 
         return HalfVector(vector)
-
-    def _register(self, conn: Any) -> None:
-        from pgvector.psycopg import register_vector
-
-        register_vector(conn)
 
     def close(self) -> None:
         self._pool.close()
@@ -169,11 +168,11 @@ class PgStore:
         """Whether the extension has ``halfvec`` (pgvector >= 0.7): the HNSW index holds f16."""
         return has_halfvec(self.extension_version)
 
-    def _migrate(self) -> None:
+    def _migrate(self, conn: Any) -> None:
         import psycopg
 
         try:
-            version = schema_version(self._conn)
+            version = schema_version(conn)
             if version > PG_SCHEMA_VERSION:
                 raise SearchIndexError(
                     f"the index at {self.path} has schema version {version}, newer than this "
@@ -185,18 +184,18 @@ class PgStore:
                 raise SearchIndexError(
                     f"the index at {self.path} needs a migration; open it writable once"
                 )
-            with self._conn.transaction():
-                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                version = schema_version(self._conn)  # another process may have just migrated
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                version = schema_version(conn)  # another process may have just migrated
                 for target in range(version + 1, PG_SCHEMA_VERSION + 1):
                     for step in MIGRATIONS[target]:
-                        self._conn.execute(step)
-                    self._conn.execute(
+                        conn.execute(step)
+                    conn.execute(
                         "INSERT INTO themis_meta(key, value) VALUES('schema_version', %s) "
                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                         (str(target),),
                     )
-                self._conn.execute(
+                conn.execute(
                     "INSERT INTO themis_meta(key, value) VALUES('write_version', '0') "
                     "ON CONFLICT(key) DO NOTHING"
                 )
