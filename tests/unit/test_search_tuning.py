@@ -13,7 +13,7 @@ from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
-from themis_clip.index.stores.sqlite import IndexStore
+from themis_clip.index.stores.sqlite import SQLiteStore
 from themis_clip.index.tuning import tune
 from themis_clip.index.where import with_filters
 from themis_clip.vocabulary import ModelIdentity
@@ -159,7 +159,7 @@ def test_a_saved_graph_behind_the_store_is_caught_up_by_the_next_writer(
     data = clustered(np.random.default_rng(5), 10_000)
     with fill(tmp_path / "i.db", data, exact_threshold=0) as index:
         assert index.prepare_graph() is True
-    with IndexStore(tmp_path / "i.db") as other:  # another process's write
+    with SQLiteStore(tmp_path / "i.db") as other:  # another process's write
         other.upsert(
             [ItemRow(key="late", vector=data[9]), ItemRow(key="x", vector=data[8])], dim=64
         )

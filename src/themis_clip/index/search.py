@@ -131,9 +131,9 @@ class VectorIndex:
                 self.store, self.settings, expansion_search=expansion_search, progress=progress
             )
         from themis_clip.index.searchers.local import LocalSearcher
-        from themis_clip.index.stores.sqlite import IndexStore
+        from themis_clip.index.stores.sqlite import SQLiteStore
 
-        assert isinstance(self.store, IndexStore)  # the stores there are: open_store
+        assert isinstance(self.store, SQLiteStore)  # the stores there are: open_store
         return LocalSearcher(
             self.store,
             graph_path=Path(str(location) + GRAPH_SUFFIX),

@@ -33,9 +33,9 @@ def open_store(location: str | Path, *, readonly: bool = False) -> Store:
         from themis_clip.index.stores.postgres import PgStore
 
         return PgStore(str(location), readonly=readonly)
-    from themis_clip.index.stores.sqlite import IndexStore
+    from themis_clip.index.stores.sqlite import SQLiteStore
 
-    return IndexStore(location, readonly=readonly)
+    return SQLiteStore(location, readonly=readonly)
 
 
 def drop_store(location: str | Path) -> None:

@@ -19,7 +19,7 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
                                                     on ``taken`` and ``gps``
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
-version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
+version it reflects (:meth:`SQLiteStore.changes_since`) instead of being rebuilt.
 
 Metadata is validated on the way in (:mod:`themis_clip.index.metadata`: bounded, strict JSON
 objects) and read back without ever raising. Equality filters, facets and key checks read
@@ -71,7 +71,7 @@ from themis_clip.index.where import Where
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
+__all__ = ["SCHEMA_VERSION", "ItemRow", "SQLiteStore", "StoredItem"]
 
 
 def _writable(path: Path) -> bool:
@@ -89,7 +89,7 @@ def _readable_now(db: sqlite3.Connection) -> bool:
     return True
 
 
-class IndexStore:
+class SQLiteStore:
     """An SQLite file holding items and vectors.
 
     Args:
@@ -166,7 +166,7 @@ class IndexStore:
             self._local.conn, self._local.meta = conn, (-1, {})
         return conn
 
-    def __enter__(self) -> IndexStore:
+    def __enter__(self) -> SQLiteStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -199,7 +199,7 @@ class IndexStore:
                 version,
                 SCHEMA_VERSION,
             )
-            IndexStore(self.path).close()
+            SQLiteStore(self.path).close()
             return
         # One write transaction, the version read again inside it: another process that
         # opened the same new file at once has either migrated it already or waits for this.
