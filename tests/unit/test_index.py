@@ -349,7 +349,7 @@ def test_searches_do_not_wait_for_each_other(
 ) -> None:
     """Issue 28, 2.3: readers serialised behind one lock (six slow filters made plain searches
     time out). A search held inside its scan must not stop another one."""
-    import themis_clip.index.searchers.answers as local  # the searches' numpy kernels
+    import themis_clip.index.searchers.structures as local  # the searches' numpy kernels
 
     index = VectorIndex(tmp_path / "i.db", exact_threshold=10**9)  # always exact
     index.bind_model(STAMP)

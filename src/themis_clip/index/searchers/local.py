@@ -43,7 +43,7 @@ from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.kernels import measure_exact_ms
 from themis_clip.index.rwlock import ReadWriteLock
-from themis_clip.index.searchers.answers import SELECTIVE_FILTER, Structures
+from themis_clip.index.searchers.structures import SELECTIVE_FILTER, Structures
 from themis_clip.index.settings import GraphDType, SearchKind, SearchPlan
 from themis_clip.index.stores.base import GraphFileStore
 from themis_clip.index.tuning import tune
