@@ -13,7 +13,7 @@ from themis_clip import InputError, MetadataError
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
-from themis_clip.index.where import with_filters
+from themis_clip.index.where import parse_where, with_filters
 
 DIM = 16
 
@@ -215,3 +215,25 @@ def test_lexical_mode_and_browse_newest_first(location: str) -> None:
         with pytest.raises(InputError, match="text part"):
             search_page(index, mode=QueryMode.LEXICAL, k=4, identity={}, text="  ")
         assert np.isfinite([h.score for h in lexical.hits]).all()
+
+
+def test_lexical_search_and_the_timeline_filter_in_the_store(location: str) -> None:
+    # The filter narrows the query itself: the 5 best matches among k25..k29, not the 5 best
+    # matches of all 30 with the filter applied after them (which would leave none).
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(
+            [
+                ItemRow(key=f"k{i:02d}", vector=unit(i), metadata={"caption": "boat", "n": i})
+                for i in range(30)
+            ],
+            dim=DIM,
+        )
+        late = parse_where({"n": {"$gte": 25}})
+        found = index.store.items_by_id(index.store.lexical("boat", 5, late))
+        assert sorted(item.key for item in found.values()) == [f"k{i}" for i in range(25, 30)]
+        early = with_filters({"caption": "boat"}, {"n": {"$lt": 3}})
+        assert sorted(row[0] for row in index.store.timeline(early)) == sorted(
+            index.store.ids_where(early)
+        )
+        assert len(index.store.timeline(early)) == 3
