@@ -18,6 +18,7 @@ from themis_clip.index.search import VectorIndex, top_k
 from themis_clip.index.stores import ItemRow
 from themis_clip.index.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 from themis_clip.index.where import with_filters
+from themis_clip.index.wheresql import compile_sqlite
 from themis_clip.vocabulary import ModelIdentity
 
 # -- store -------------------------------------------------------------------------------------
@@ -96,11 +97,11 @@ def test_filters_are_answered_from_the_fields_index(tmp_path: Path) -> None:
             ],
             dim=DIM,
         )
+        sql, params = compile_sqlite(with_filters({"m3": 3, "m4": 4.0}))  # what ids_where runs
         plan = " ".join(
             str(row[-1])
             for row in store._db.execute(
-                "EXPLAIN QUERY PLAN SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?",
-                ("m3", "number", 3),
+                f"EXPLAIN QUERY PLAN SELECT id FROM items WHERE {sql}", params
             )
         )
         assert "fields_value" in plan and "SCAN" not in plan
