@@ -63,7 +63,7 @@ def run(location: str, items: int, keys: int) -> dict[str, Any]:
 
         def unknown() -> None:
             try:
-                index.search(query, 10, missing)
+                index.search(query, 10, where=with_filters(missing))
             except MetadataError:
                 return
             raise AssertionError("expected an error naming the unknown keys")
