@@ -42,7 +42,7 @@ from themis_clip.index.relevance import (
     random_texts,
 )
 from themis_clip.index.search import Hit, VectorIndex
-from themis_clip.index.where import Where
+from themis_clip.index.where import Where, with_filters
 from themis_clip.loading import declared_preprocessor
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
@@ -248,7 +248,8 @@ class Collection:
         ends the ranking where relevance ends (:mod:`~themis_clip.index.relevance`): ``auto``
         (the default for a query of texts only), ``none`` (the default otherwise) or a score.
         ``sort`` orders the matches: ``score``, ``taken`` / ``-taken`` (capture time, oldest /
-        newest first; undated last), ``mtime`` (newest file first) or ``name``.
+        newest first; undated last), ``mtime`` (newest file first) or ``name``. ``filters``
+        (each top-level key equal to its JSON value) are sugar for ``where``: both must hold.
         Raises :class:`~themis_clip.errors.IndexModelMismatchError` for an index made by
         another model.
         """
@@ -263,6 +264,7 @@ class Collection:
         chosen = Cut.parse(cut) if not isinstance(cut, Cut) else cut
         if cut is None and not words_only:
             chosen = Cut(auto=False)
+        where = with_filters(filters, where)
         self.index.bind_model(self.identity)
         vector = self.query_vector(query)
         if hybrid:
@@ -273,12 +275,11 @@ class Collection:
                 identity={},
                 vector=vector,
                 text=query.text,
-                filters=filters,
                 where=where,
             ).hits
             chosen = Cut(auto=False) if cut is None else chosen  # fused ranks are no cosines
         else:
-            hits = self.index.search(vector, k, filters, where=where)
+            hits = self.index.search(vector, k, where=where)
         line = self.line() if chosen.auto else None
         result = cut_ranked([h.score for h in hits], chosen, line)
         kept = hits[: result.kept]
@@ -370,8 +371,7 @@ def browse(
         mode=QueryMode.BROWSE,
         k=k,
         identity={},
-        filters=filters,
-        where=where,
+        where=with_filters(filters, where),
         order="-taken" if sort == "score" else sort,
     )
     return Matches(hits=page.hits)
