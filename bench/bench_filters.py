@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from themis_clip.errors import MetadataError
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.index.where import with_filters
 from themis_clip.vocabulary import ModelIdentity
 
 DIM = 64
@@ -62,7 +63,7 @@ def run(location: str, items: int, keys: int) -> dict[str, Any]:
 
         def unknown() -> None:
             try:
-                index.search(query, 10, missing)
+                index.search(query, 10, where=with_filters(missing))
             except MetadataError:
                 return
             raise AssertionError("expected an error naming the unknown keys")
@@ -71,7 +72,10 @@ def run(location: str, items: int, keys: int) -> dict[str, Any]:
             "store": str(index.store.kind),
             "unknown_keys_s": min(timed(unknown) for _ in range(3)),
             "matching_filter_s": min(
-                timed(lambda: index.search(query, 10, {"key001": 3, "key002": 4})) for _ in range(3)
+                timed(
+                    lambda: index.search(query, 10, where=with_filters({"key001": 3, "key002": 4}))
+                )
+                for _ in range(3)
             ),
             "plain_s": min(timed(lambda: index.search(query, 10)) for _ in range(5)),
         }

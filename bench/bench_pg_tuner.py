@@ -52,11 +52,11 @@ def held_out_point(
     pg: PgSearcher, ef: int, queries: np.ndarray, kth: np.ndarray
 ) -> dict[str, float]:
     pg.expansion_search = ef
-    pg.nearest(queries[0], 10, None)  # warm
+    pg.nearest(queries[0], 10)  # warm
     recalls, ms = [], []
     for q, bar in zip(queries, kth, strict=True):
         t0 = time.perf_counter()
-        _, scores = pg.nearest(q, 10, None)
+        _, scores = pg.nearest(q, 10)
         ms.append((time.perf_counter() - t0) * 1000)
         recalls.append(float(np.sum(scores >= bar - 1e-5)) / 10)
     values = np.asarray(recalls)

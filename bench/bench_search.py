@@ -362,7 +362,7 @@ def part_pgvector(
             for ef in (40, 64, 100, 160, 250, 400):
 
                 def search(q: np.ndarray, ef: int = ef) -> list[int]:
-                    ids, _ = pg.nearest(q, 10, None, expansion_search=ef)  # type: ignore[attr-defined]
+                    ids, _ = pg.nearest(q, 10, expansion_search=ef)  # type: ignore[attr-defined]
                     return [int(i) - 1 for i in ids]
 
                 point = {"ef_search": ef, **measure(search, queries, truth)}

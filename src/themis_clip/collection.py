@@ -40,7 +40,7 @@ from themis_clip.index.relevance import (
     random_texts,
 )
 from themis_clip.index.search import Hit, VectorIndex
-from themis_clip.index.where import Where
+from themis_clip.index.where import Where, with_filters
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 from themis_clip.vocabulary import ModelIdentity
@@ -244,7 +244,8 @@ class Collection:
         ends the ranking where relevance ends (:func:`choose_cut`): ``auto`` (the default for
         a query made of texts only, not hybrid), ``none`` (the default otherwise) or a score.
         ``sort`` orders the matches: ``score``, ``taken`` / ``-taken`` (capture time, oldest /
-        newest first; undated last), ``mtime`` (newest file first) or ``name``.
+        newest first; undated last), ``mtime`` (newest file first) or ``name``. ``filters``
+        (each top-level key equal to its JSON value) are sugar for ``where``: both must hold.
         Raises :class:`~themis_clip.errors.IndexModelMismatchError` for an index made by
         another model.
         """
@@ -259,6 +260,7 @@ class Collection:
             Path(p).is_file() for p in (*query.add, *query.subtract)
         )
         chosen = choose_cut(cut, texts_only=texts_only and not hybrid)
+        where = with_filters(filters, where)
         self.index.bind_model(self.identity)
         vector = self.query_vector(query)
         if hybrid:
@@ -269,11 +271,10 @@ class Collection:
                 identity={},
                 vector=vector,
                 text=query.text,
-                filters=filters,
                 where=where,
             ).hits
         else:
-            hits = self.index.search(vector, k, filters, where=where)
+            hits = self.index.search(vector, k, where=where)
         return cut_matches(hits, chosen, self.line() if chosen.auto else None, sort=sort)
 
     def browse(
@@ -360,8 +361,7 @@ def browse(
         mode=QueryMode.BROWSE,
         k=k,
         identity={},
-        filters=filters,
-        where=where,
+        where=with_filters(filters, where),
         order="-taken" if sort == "score" else sort,
     )
     return Matches(hits=page.hits)

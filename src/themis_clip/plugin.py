@@ -46,7 +46,6 @@ from themis_clip.hotswap import (
     validate,
 )
 from themis_clip.hotswap import reload as reload_with
-from themis_clip.info import plugin_info, statistics
 from themis_clip.interface import (
     BackendType,
     EmbeddingResult,
@@ -55,6 +54,7 @@ from themis_clip.interface import (
     ImageMetadata,
     PluginInfo,
 )
+from themis_clip.introspection import plugin_info, statistics
 from themis_clip.loading import declared_preprocessor, load_model
 from themis_clip.models.hashing import HashFunction, sha256_file
 from themis_clip.models.spec import ModelSpec

@@ -8,6 +8,7 @@ import pytest
 from tests.fakes import DIM, STAMP, unit
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.index.where import with_filters
 
 
 def test_search_many_equals_search_on_every_store(location: str) -> None:
@@ -19,8 +20,8 @@ def test_search_many_equals_search_on_every_store(location: str) -> None:
         )
         queries = np.stack([unit(f"q{i}") for i in range(8)] + [unit(5)])
         for filters in (None, {"odd": 1}):
-            batch = index.search_many(queries, 7, filters)
-            single = [index.search(q, 7, filters) for q in queries]
+            batch = index.search_many(queries, 7, where=with_filters(filters))
+            single = [index.search(q, 7, where=with_filters(filters)) for q in queries]
             assert [[h.key for h in hits] for hits in batch] == [
                 [h.key for h in hits] for hits in single
             ]

@@ -25,7 +25,7 @@ from PIL import Image
 
 from tests.helpers import HOSTILE_TEXT, ServerProcess, hostile_tokenizer_model, photo_like
 from themis_clip import OnnxClipPlugin, PluginConfig
-from themis_clip.index.stores.sqlite import IndexStore
+from themis_clip.index.stores.sqlite import SQLiteStore
 from themis_clip.runtime import ORTSession, create_session
 from themis_clip.server import ServerSettings, create_app, schemas
 from themis_clip.server.routes import dialects
@@ -513,7 +513,7 @@ def test_real_server_process_and_graceful_shutdown(model_root: Path, tmp_path: P
     finally:
         if proc.poll() is None:
             proc.kill()
-    with IndexStore(tmp_path / "idx.db", readonly=True) as store:
+    with SQLiteStore(tmp_path / "idx.db", readonly=True) as store:
         assert store.integrity_ok() and store.count() == 1
 
 

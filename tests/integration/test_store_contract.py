@@ -16,7 +16,7 @@ from themis_clip.errors import WhereError
 from themis_clip.index.indexer import index_folder
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow, open_store
-from themis_clip.index.where import parse_where
+from themis_clip.index.where import parse_where, with_filters
 from themis_clip.vocabulary import ModelIdentity
 
 DIM = 16
@@ -204,7 +204,7 @@ def test_search_matches_brute_force_with_filters(location: str) -> None:
         assert [int(h.key[1:]) for h in hits][:1] == [7]
         assert len({int(h.key[1:]) for h in hits} & set(want.tolist())) >= 9
         assert hits[0].score == pytest.approx(1.0, abs=1e-5)
-        even = index.search(q, 5, {"even": False})
+        even = index.search(q, 5, where=with_filters({"even": False}))
         want_odd = [i for i in np.argsort(-(data @ q)) if i % 2][:5]
         assert [int(h.key[1:]) for h in even] == [int(i) for i in want_odd]
         assert all(h.metadata and h.metadata["even"] is False for h in even)
@@ -213,7 +213,7 @@ def test_search_matches_brute_force_with_filters(location: str) -> None:
         with pytest.raises(KeyError):
             index.search_like("nope", 3)
         with pytest.raises(MetadataError, match="no item in this index has the metadata key"):
-            index.search(q, 5, {"colour": "red"})
+            index.search(q, 5, where=with_filters({"colour": "red"}))
 
 
 def test_filters_use_json_equality(location: str) -> None:
@@ -226,7 +226,7 @@ def test_filters_use_json_equality(location: str) -> None:
         )
 
         def keys(value: object) -> set[str]:
-            ids = index.store.ids_matching({"x": value})
+            ids = index.store.ids_where(with_filters({"x": value}))
             return {item.key for item in index.store.items_by_id(list(ids)).values()}
 
         assert keys(1) == {"v0", "v1"}  # 1 and 1.0 are one JSON number
@@ -246,7 +246,7 @@ def test_nested_filters_treat_1_and_1_0_as_one_number(location: str) -> None:
         )
 
         def keys(value: object) -> set[str]:
-            ids = index.store.ids_matching({"x": value})
+            ids = index.store.ids_where(with_filters({"x": value}))
             return {item.key for item in index.store.items_by_id(list(ids)).values()}
 
         assert keys([1, 2]) == {"v0", "v1"} and keys([1.0, 2]) == {"v0", "v1"}  # as at the top
@@ -448,7 +448,7 @@ def test_where_operators_nested_paths_dates_and_geo(location: str) -> None:
         # And in a search, with the equality filters.
         hits = index.search(unit(0), 5, where=near_paris)
         assert {h.key for h in hits} == {"paris", "versailles"} and hits[0].key == "paris"
-        hits = index.search(unit(0), 5, {"n": 1}, where={"camera.model": "EOS R6"})
+        hits = index.search(unit(0), 5, where=with_filters({"n": 1}, {"camera.model": "EOS R6"}))
         assert [h.key for h in hits] == ["versailles"]
 
 

@@ -13,6 +13,7 @@ from themis_clip import InputError, MetadataError
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.index.where import parse_where, with_filters
 
 DIM = 16
 
@@ -34,7 +35,7 @@ def photos(n: int = 40) -> list[ItemRow]:
 
 
 def words(index: VectorIndex, text: str, filters: dict[str, object] | None = None) -> list[str]:
-    ids = index.store.lexical(text, 50, filters)
+    ids = index.store.lexical(text, 50, with_filters(filters))
     items = index.store.items_by_id(ids)
     return [items[i].key for i in ids]
 
@@ -111,7 +112,12 @@ def test_pages_concatenated_equal_one_query(location: str, graph: bool) -> None:
         q = unit("query")
         for filters in (None, {"g": 1}):
             for mode in (QueryMode.VECTOR, QueryMode.HYBRID):
-                kw = {"mode": mode, "identity": {"q": 1}, "vector": q, "filters": filters}
+                kw = {
+                    "mode": mode,
+                    "identity": {"q": 1},
+                    "vector": q,
+                    "where": with_filters(filters),
+                }
                 if mode == QueryMode.HYBRID:
                     kw["text"] = "w3"  # a fifth of the items: fused with the vector ranks
                 whole = search_page(index, k=3 * 17, **kw)  # type: ignore[arg-type]
@@ -160,7 +166,7 @@ def test_last_page_has_no_next_and_cursors_are_checked(location: str) -> None:
         with pytest.raises(InputError, match="another query"):
             search_page(index, k=6, cursor=first.next, **{**kw, "identity": {"q": 2}})  # type: ignore[arg-type]
         with pytest.raises(InputError, match="another query"):
-            search_page(index, k=6, cursor=first.next, filters={"group": 1}, **kw)  # type: ignore[arg-type]
+            search_page(index, k=6, cursor=first.next, **{**kw, "where": {"group": 1}})  # type: ignore[arg-type]
         # An item inserted above the cursor's last one: the next page still repeats nothing.
         index.store.upsert([ItemRow(key="new", vector=unit(3))], dim=DIM)
         again = search_page(index, k=6, cursor=first.next, **kw)  # type: ignore[arg-type]
@@ -203,7 +209,31 @@ def test_lexical_mode_and_browse_newest_first(location: str) -> None:
             h.key for h in lexical.hits
         ] == ["old-taken", "new-taken"]
         with pytest.raises(MetadataError, match="no item"):
-            search_page(index, mode=QueryMode.BROWSE, k=4, identity={}, filters={"nope": 1})
+            search_page(
+                index, mode=QueryMode.BROWSE, k=4, identity={}, where=with_filters({"nope": 1})
+            )
         with pytest.raises(InputError, match="text part"):
             search_page(index, mode=QueryMode.LEXICAL, k=4, identity={}, text="  ")
         assert np.isfinite([h.score for h in lexical.hits]).all()
+
+
+def test_lexical_search_and_the_timeline_filter_in_the_store(location: str) -> None:
+    # The filter narrows the query itself: the 5 best matches among k25..k29, not the 5 best
+    # matches of all 30 with the filter applied after them (which would leave none).
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(
+            [
+                ItemRow(key=f"k{i:02d}", vector=unit(i), metadata={"caption": "boat", "n": i})
+                for i in range(30)
+            ],
+            dim=DIM,
+        )
+        late = parse_where({"n": {"$gte": 25}})
+        found = index.store.items_by_id(index.store.lexical("boat", 5, late))
+        assert sorted(item.key for item in found.values()) == [f"k{i}" for i in range(25, 30)]
+        early = with_filters({"caption": "boat"}, {"n": {"$lt": 3}})
+        assert sorted(row[0] for row in index.store.timeline(early)) == sorted(
+            index.store.ids_where(early)
+        )
+        assert len(index.store.timeline(early)) == 3

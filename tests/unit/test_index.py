@@ -16,14 +16,16 @@ from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.indexer import index_folder, walk_images
 from themis_clip.index.search import VectorIndex, top_k
 from themis_clip.index.stores import ItemRow
-from themis_clip.index.stores.sqlite import SCHEMA_VERSION, IndexStore
+from themis_clip.index.stores.sqlite import SCHEMA_VERSION, SQLiteStore
+from themis_clip.index.where import with_filters
+from themis_clip.index.wheresql import compile_sqlite
 from themis_clip.vocabulary import ModelIdentity
 
 # -- store -------------------------------------------------------------------------------------
 
 
 def test_store_roundtrip_and_transactions(tmp_path: Path) -> None:
-    with IndexStore(tmp_path / "i.db") as store:
+    with SQLiteStore(tmp_path / "i.db") as store:
         store.upsert(
             [
                 ItemRow(key="a", vector=unit(1), metadata={"tag": "x"}),
@@ -49,12 +51,12 @@ def test_store_roundtrip_and_transactions(tmp_path: Path) -> None:
 
 
 def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
-    IndexStore(tmp_path / "i.db").close()
+    SQLiteStore(tmp_path / "i.db").close()
     db = sqlite3.connect(tmp_path / "i.db")
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     db.close()
     with pytest.raises(SearchIndexError, match="newer than this themis-clip supports"):
-        IndexStore(tmp_path / "i.db")
+        SQLiteStore(tmp_path / "i.db")
 
 
 def test_stores_opened_at_once_on_a_new_file_create_its_schema_once(tmp_path: Path) -> None:
@@ -63,7 +65,7 @@ def test_stores_opened_at_once_on_a_new_file_create_its_schema_once(tmp_path: Pa
     def open_store(path: Path, start: threading.Barrier, errors: list[BaseException]) -> None:
         start.wait()
         try:
-            IndexStore(path).close()
+            SQLiteStore(path).close()
         except BaseException as exc:
             errors.append(exc)
 
@@ -79,7 +81,7 @@ def test_stores_opened_at_once_on_a_new_file_create_its_schema_once(tmp_path: Pa
         for t in threads:
             t.join(60)
         assert not errors, errors
-        with IndexStore(path) as store:
+        with SQLiteStore(path) as store:
             (version,) = store._db.execute("PRAGMA user_version").fetchone()
             assert version == SCHEMA_VERSION
 
@@ -87,7 +89,7 @@ def test_stores_opened_at_once_on_a_new_file_create_its_schema_once(tmp_path: Pa
 def test_filters_are_answered_from_the_fields_index(tmp_path: Path) -> None:
     """A filter term is one range of the ``fields`` index, not a scan of every item's JSON
     (issue: 32 missing keys over 2,000 items with ~500 keys each took 6.6 s)."""
-    with IndexStore(tmp_path / "i.db") as store:
+    with SQLiteStore(tmp_path / "i.db") as store:
         store.upsert(
             [
                 ItemRow(key=f"k{i}", vector=unit(i), metadata={f"m{j}": j for j in range(50)})
@@ -95,22 +97,22 @@ def test_filters_are_answered_from_the_fields_index(tmp_path: Path) -> None:
             ],
             dim=DIM,
         )
+        sql, params = compile_sqlite(with_filters({"m3": 3, "m4": 4.0}))  # what ids_where runs
         plan = " ".join(
             str(row[-1])
             for row in store._db.execute(
-                "EXPLAIN QUERY PLAN SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?",
-                ("m3", "number", 3),
+                f"EXPLAIN QUERY PLAN SELECT id FROM items WHERE {sql}", params
             )
         )
         assert "fields_value" in plan and "SCAN" not in plan
-        assert len(store.ids_matching({"m3": 3, "m4": 4.0})) == 20
-        assert store.ids_matching({f"missing{j}": 1 for j in range(32)}) == set()
+        assert len(store.ids_where(with_filters({"m3": 3, "m4": 4.0}))) == 20
+        assert store.ids_where(with_filters({f"missing{j}": 1 for j in range(32)})) == set()
         assert store.metadata_keys_present(["m1", "nope"]) == {"m1"}
 
 
 def test_migration_to_v5_indexes_the_metadata_already_stored(tmp_path: Path) -> None:
     path = tmp_path / "i.db"
-    with IndexStore(path) as store:
+    with SQLiteStore(path) as store:
         store.upsert(
             [ItemRow(key=f"k{i}", vector=unit(i), metadata={"even": i % 2 == 0}) for i in range(6)]
             + [ItemRow(key="bare", vector=unit(9))],
@@ -121,18 +123,18 @@ def test_migration_to_v5_indexes_the_metadata_already_stored(tmp_path: Path) -> 
     db.execute("PRAGMA user_version = 4")
     db.commit()
     db.close()
-    with IndexStore(path) as store:
-        items = store.items_by_id(list(store.ids_matching({"even": True})))
+    with SQLiteStore(path) as store:
+        items = store.items_by_id(list(store.ids_where(with_filters({"even": True}))))
         assert sorted(item.key for item in items.values()) == ["k0", "k2", "k4"]
         assert store.metadata_facets()[0]["count"] == 6
 
 
 def test_store_readonly_and_garbage(tmp_path: Path) -> None:
     with pytest.raises(SearchIndexError, match="no index at"):
-        IndexStore(tmp_path / "missing.db", readonly=True)
+        SQLiteStore(tmp_path / "missing.db", readonly=True)
     (tmp_path / "bad.db").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(SearchIndexError, match="cannot open index"):
-        IndexStore(tmp_path / "bad.db")
+        SQLiteStore(tmp_path / "bad.db")
 
 
 # -- search ------------------------------------------------------------------------------------
@@ -167,7 +169,7 @@ def test_search_exact_and_hnsw(tmp_path: Path, threshold: int) -> None:
         brute = np.argsort(-(np.stack(vectors) @ vectors[7]))[:10]
         got = [int(h.key[1:]) for h in index.search(vectors[7], 10)]
         assert len(set(got) & set(brute.tolist())) >= 9
-        odd = index.search(vectors[42], 5, filters={"even": False})
+        odd = index.search(vectors[42], 5, where=with_filters({"even": False}))
         assert odd and all(h.metadata == {"even": False} for h in odd)
         index.store.delete_keys(["k42"])  # a write invalidates the cached matrix / graph
         assert index.search(vectors[42], 1)[0].key != "k42"
@@ -247,7 +249,7 @@ def test_interrupted_run_resumes_without_re_embedding(tmp_path: Path) -> None:
         assert r.unchanged == 4 and r.added == 6 and len(resumed.embedded) == 6
     with VectorIndex(tmp_path / "clean.db") as clean:
         index_folder(clean, folder, FakeEmbedder(), stamp=STAMP, progress=False)
-        _, a = IndexStore(tmp_path / "i.db").load_vectors(DIM)
+        _, a = SQLiteStore(tmp_path / "i.db").load_vectors(DIM)
         _, b = clean.store.load_vectors(DIM)
         assert np.array_equal(np.sort(a, axis=0), np.sort(b, axis=0))
 
@@ -348,7 +350,7 @@ def test_searches_do_not_wait_for_each_other(
 ) -> None:
     """Issue 28, 2.3: readers serialised behind one lock (six slow filters made plain searches
     time out). A search held inside its scan must not stop another one."""
-    import themis_clip.index.searchers.answers as local  # the searches' numpy kernels
+    import themis_clip.index.searchers.structures as local  # the searches' numpy kernels
 
     index = VectorIndex(tmp_path / "i.db", exact_threshold=10**9)  # always exact
     index.bind_model(STAMP)
@@ -401,7 +403,7 @@ def test_a_filter_on_many_unknown_keys_asks_the_store_once(
 
         monkeypatch.setattr(index.store, "metadata_keys_present", counted)
         with pytest.raises(MetadataError, match="missing00"):
-            index.search(unit(1), 1, {f"missing{j:02d}": j for j in range(32)})
+            index.search(unit(1), 1, where=with_filters({f"missing{j:02d}": j for j in range(32)}))
         assert len(calls) == 1 and len(calls[0]) == 32
 
 
@@ -411,7 +413,7 @@ def test_migration_to_v6_indexes_dates_and_places_and_a_read_only_open_migrates(
     from themis_clip.index.where import parse_where
 
     path = tmp_path / "i.db"
-    with IndexStore(path) as store:
+    with SQLiteStore(path) as store:
         store.upsert(
             [
                 ItemRow(key="a", vector=unit(1), metadata={"taken": "2023-07-14T18:03:11+02:00"}),
@@ -425,7 +427,7 @@ def test_migration_to_v6_indexes_dates_and_places_and_a_read_only_open_migrates(
     db.execute("PRAGMA user_version = 5")
     db.commit()
     db.close()
-    with IndexStore(path, readonly=True) as store:  # a writable file: migrated, then read
+    with SQLiteStore(path, readonly=True) as store:  # a writable file: migrated, then read
         (version,) = store._db.execute("PRAGMA user_version").fetchone()
         assert version == SCHEMA_VERSION
         taken = parse_where({"taken": {"$gte": "2023-07-14T16:00:00Z"}})
@@ -438,7 +440,7 @@ def test_migration_to_v6_indexes_dates_and_places_and_a_read_only_open_migrates(
     db.execute("UPDATE items SET metadata = '{not json' WHERE key = 'b'")
     db.commit()
     db.close()
-    with IndexStore(path, readonly=True) as store:
+    with SQLiteStore(path, readonly=True) as store:
         near = parse_where({"gps": {"$near": {"lat": -33.9, "lon": 151.2, "km": 5}}})
         assert store.ids_where(near) == set()
         assert len(store.ids_where(parse_where({"x": {"$ne": 1}}))) == 2
@@ -449,7 +451,7 @@ def test_a_read_only_open_of_an_older_file_it_cannot_write_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "i.db"
-    IndexStore(path).close()
+    SQLiteStore(path).close()
     db = sqlite3.connect(path)
     db.execute("PRAGMA user_version = 5")
     db.commit()
@@ -458,7 +460,7 @@ def test_a_read_only_open_of_an_older_file_it_cannot_write_says_so(
     # (as CI runs) may write any file whatever its mode.
     monkeypatch.setattr(os, "access", lambda *_a, **_k: False)
     with pytest.raises(SearchIndexError, match="needs a migration; open it writable once"):
-        IndexStore(path, readonly=True)
+        SQLiteStore(path, readonly=True)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone() == (5,)  # untouched
 
 
@@ -466,11 +468,11 @@ def test_writing_to_a_read_only_index_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from themis_clip.errors import SearchIndexError
-    from themis_clip.index.stores import sqlite as store
+    from themis_clip.index.stores.sqlite import store
 
     path = tmp_path / "i.db"
-    store.IndexStore(path).close()
+    store.SQLiteStore(path).close()
     monkeypatch.setattr(store.os, "access", lambda p, mode: not (mode & store.os.W_OK))
     with pytest.raises(SearchIndexError, match="read-only .* copy it somewhere writable"):
-        store.IndexStore(path)
-    store.IndexStore(path, readonly=True).close()  # searching it still works
+        store.SQLiteStore(path)
+    store.SQLiteStore(path, readonly=True).close()  # searching it still works

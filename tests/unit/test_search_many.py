@@ -13,6 +13,7 @@ from themis_clip import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.config import SearchConfig
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.stores import ItemRow
+from themis_clip.index.where import with_filters
 
 N = 400
 
@@ -55,8 +56,8 @@ def test_search_many_equals_search_query_by_query(
         for k in (1, 10, 37):
             same(index.search_many(q, k), [index.search(v, k) for v in q])
         same(
-            index.search_many(q, 10, {"even": True}),
-            [index.search(v, 10, {"even": True}) for v in q],
+            index.search_many(q, 10, where=with_filters({"even": True})),
+            [index.search(v, 10, where=with_filters({"even": True})) for v in q],
         )
         where = {"n": {"$gte": 100}}
         same(index.search_many(q, 10, where=where), [index.search(v, 10, where=where) for v in q])
@@ -81,4 +82,4 @@ def test_search_many_refuses_bad_input(tmp_path: Path) -> None:
         with pytest.raises(SearchIndexError, match="k = 0"):
             index.search_many(queries(1), 0)
         with pytest.raises(MetadataError, match="no item in this index has the metadata key"):
-            index.search_many(queries(2), 5, {"colour": "red"})
+            index.search_many(queries(2), 5, where=with_filters({"colour": "red"}))

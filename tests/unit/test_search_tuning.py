@@ -13,8 +13,9 @@ from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
-from themis_clip.index.stores.sqlite import IndexStore
+from themis_clip.index.stores.sqlite import SQLiteStore
 from themis_clip.index.tuning import tune
+from themis_clip.index.where import with_filters
 from themis_clip.vocabulary import ModelIdentity
 
 # Always measure a graph (at these sizes exact search is well under a millisecond).
@@ -158,7 +159,7 @@ def test_a_saved_graph_behind_the_store_is_caught_up_by_the_next_writer(
     data = clustered(np.random.default_rng(5), 10_000)
     with fill(tmp_path / "i.db", data, exact_threshold=0) as index:
         assert index.prepare_graph() is True
-    with IndexStore(tmp_path / "i.db") as other:  # another process's write
+    with SQLiteStore(tmp_path / "i.db") as other:  # another process's write
         other.upsert(
             [ItemRow(key="late", vector=data[9]), ItemRow(key="x", vector=data[8])], dim=64
         )
@@ -182,7 +183,7 @@ def test_filters_over_a_graph_are_complete(tmp_path: Path) -> None:
     with fill(tmp_path / "i.db", data, exact_threshold=0) as index:
         assert index.prepare_graph() is True
         q = data[10]
-        hits = index.search(q, 10, {"odd": 1})
+        hits = index.search(q, 10, where=with_filters({"odd": 1}))
         want = [i for i in np.argsort(-(data @ q)) if i % 2 == 1][:10]
         assert [int(h.key) for h in hits] == [int(i) for i in want]
 
@@ -198,10 +199,12 @@ def test_bad_queries_are_refused_clearly(tmp_path: Path) -> None:
             with pytest.raises(SearchIndexError, match="expected 1 to"):
                 index.search(data[0], k)
         with pytest.raises(MetadataError, match="keys must have 1 to"):
-            index.search(data[0], 5, {"": 1})
+            index.search(data[0], 5, where=with_filters({"": 1}))
         with pytest.raises(MetadataError, match="no item in this index has the metadata key 'od'"):
-            index.search(data[0], 5, {"od": 1})
-        assert index.search(data[0], 5, {"odd": 7}) == []  # a known key, no such value
+            index.search(data[0], 5, where=with_filters({"od": 1}))
+        assert (
+            index.search(data[0], 5, where=with_filters({"odd": 7})) == []
+        )  # a known key, no such value
 
 
 def test_settings_are_checked() -> None:
@@ -228,7 +231,7 @@ def test_a_broad_filter_whose_matches_lie_far_away_is_still_complete(tmp_path: P
         assert index.prepare_graph() is True
         found = 0
         for q in near[::150]:  # their graph neighbourhoods hold no match at all
-            hits = index.search(q, 10, {"far": True})
+            hits = index.search(q, 10, where=with_filters({"far": True}))
             got = [int(h.key) for h in hits]
             assert len(got) == 10 and all(i >= 3_000 for i in got)  # complete
             want = [i for i in np.argsort(-(data @ q)) if i >= 3_000][:10]

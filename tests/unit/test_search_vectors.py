@@ -12,7 +12,7 @@ import pytest
 from tests.fakes import DIM, STAMP, unit
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
-from themis_clip.index.stores.sqlite import IndexStore
+from themis_clip.index.stores.sqlite import SQLiteStore
 from themis_clip.index.vectors import VECTORS_SUFFIX, VectorTable
 
 N = 300
@@ -30,7 +30,7 @@ def built(path: Path) -> Path:
 
 
 def exact_score(key: str, query: np.ndarray, path: Path) -> float:
-    with IndexStore(path, readonly=True) as store:
+    with SQLiteStore(path, readonly=True) as store:
         vector = store.vector(key)
     assert vector is not None
     return float(vector @ query)

@@ -7,7 +7,7 @@ in an FTS5 table whose ``unicode61`` tokenizer counts ``_`` as part of a word (s
 ``.`` separate words); PostgreSQL keeps a generated ``tsvector`` (``simple`` configuration,
 ``/``, ``.`` and ``-`` read as spaces) under a GIN index and reads the query the same way,
 as plain words (``plainto_tsquery``). Both require every query word (AND). The SQL lives
-with each store's schema (:mod:`.stores.sqlschema`, :mod:`.stores.pgschema`); user text
+with each store's schema (:mod:`.stores.sqlite.schema`, :mod:`.stores.postgres.schema`); user text
 only ever travels as a bound parameter.
 """
 

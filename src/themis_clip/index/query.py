@@ -33,6 +33,7 @@ from themis_clip.index.paging import (
     fingerprint,
     window,
 )
+from themis_clip.index.stores.base import Lexical
 from themis_clip.index.where import Where, parse_where
 
 if TYPE_CHECKING:
@@ -166,7 +167,6 @@ def search_page(
     identity: Mapping[str, Any],
     vector: npt.NDArray[np.float32] | None = None,
     text: str | None = None,
-    filters: Mapping[str, Any] | None = None,
     cursor: str | None = None,
     exclude: frozenset[str] = frozenset(),
     where: Mapping[str, Any] | Where | None = None,
@@ -179,14 +179,14 @@ def search_page(
         mode: what to rank by; ``vector`` needs ``vector``, ``lexical`` needs ``text``,
             ``hybrid`` both, ``browse`` neither.
         k: results on this page.
-        identity: what the query is, JSON-able (parts, weights, filters, model): a cursor
-            continues only the query with the same identity.
+        identity: what the query is, JSON-able (parts, weights, model): a cursor continues
+            only the query with the same identity (and the same ``where``).
         vector: the unit query vector (``combine``'s).
         text: the words of a lexical or hybrid query.
-        filters: metadata key → value that results must have.
         cursor: the previous page's ``next`` (None: the first page).
         exclude: keys that are no answer (the items of a "more like this" query).
-        where: a filter in the where language (:mod:`.where`) that results must satisfy.
+        where: a filter that results must satisfy: the where language (:mod:`.where`), or its
+            tree (with ``filters`` in it: :func:`.where.with_filters`).
         order: ``browse``'s order: ``-taken`` (newest first: by capture time, else file time),
             ``taken`` (oldest first), ``mtime`` (newest file first) or ``name``.
 
@@ -200,7 +200,6 @@ def search_page(
     query_id = fingerprint(
         {
             "mode": str(mode),
-            "filters": filters or None,
             "where": raw_where,
             "query": identity,
             **({"order": order} if mode == QueryMode.BROWSE and order != "-taken" else {}),
@@ -219,7 +218,7 @@ def search_page(
             raise InputError(f"text: at most {MAX_QUERY_CHARS} characters for lexical search")
 
     def run(size: int) -> tuple[list[Hit], bool]:
-        found = _ranked(index, mode, size, vector, text, filters, condition, order)
+        found = _ranked(index, mode, size, vector, text, condition, order)
         return [h for h in found if h.key not in exclude], len(found) < size
 
     needed = offset + k + 1  # one more than given: whether a next page exists
@@ -293,20 +292,14 @@ def _ranked(
     size: int,
     vector: npt.NDArray[np.float32] | None,
     text: str | None,
-    filters: Mapping[str, Any] | None,
     where: Where | None = None,
     order: str = "-taken",
 ) -> list[Hit]:
     from themis_clip.index.search import Hit
 
-    allowed = index.store.ids_where(where) if where is not None else None
     if mode == QueryMode.BROWSE:
-        if filters:
-            index.check_filters(filters)
-        timeline = index.store.timeline(filters)
-        if allowed is not None:
-            timeline = [row for row in timeline if row[0] in allowed]
-        ids = _browse_order(index, timeline, order)[:size]
+        index.check_keys(where)
+        ids = _browse_order(index, index.store.timeline(where), order)[:size]
         items = index.store.items_by_id(ids)
         return [
             Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)
@@ -316,17 +309,14 @@ def _ranked(
     by_vector: list[Hit] = []
     if mode != QueryMode.LEXICAL:
         assert vector is not None
-        by_vector = sorted(
-            index.search(vector, size, filters, where=where), key=lambda h: (-h.score, h.key)
-        )
+        by_vector = sorted(index.search(vector, size, where=where), key=lambda h: (-h.score, h.key))
         if mode == QueryMode.VECTOR:
             return by_vector
     assert text is not None
-    if filters:
-        index.check_filters(filters)
-    ids = index.store.lexical(text, size, filters)
-    if allowed is not None:
-        ids = [i for i in ids if i in allowed]
+    if not isinstance(index.store, Lexical):
+        raise InputError(f"mode {mode}: the index at {index.location} has no word search")
+    index.check_keys(where)
+    ids = index.store.lexical(text, size, where)
     items = index.store.items_by_id(ids)
     by_words = [
         Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)

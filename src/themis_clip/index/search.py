@@ -34,12 +34,11 @@ import numpy.typing as npt
 from themis_clip.config import SearchConfig
 from themis_clip.errors import IndexModelMismatchError, MetadataError, SearchIndexError
 from themis_clip.index.kernels import top_k
-from themis_clip.index.metadata import validate_filters
 from themis_clip.index.searchers.base import Searcher
 from themis_clip.index.settings import SearchKind, SearchPlan
-from themis_clip.index.stores import Store, StoredItem, drop_store, is_url, open_store
+from themis_clip.index.stores import Facets, Store, StoredItem, drop_store, is_url, open_store
 from themis_clip.index.vectors import VECTORS_SUFFIX
-from themis_clip.index.where import Where, parse_where
+from themis_clip.index.where import Where, equals_keys, parse_where
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = ["GRAPH_SUFFIX", "MAX_K", "Hit", "VectorIndex", "top_k"]
@@ -132,9 +131,9 @@ class VectorIndex:
                 self.store, self.settings, expansion_search=expansion_search, progress=progress
             )
         from themis_clip.index.searchers.local import LocalSearcher
-        from themis_clip.index.stores.sqlite import IndexStore
+        from themis_clip.index.stores.sqlite import SQLiteStore
 
-        assert isinstance(self.store, IndexStore)  # the stores there are: open_store
+        assert isinstance(self.store, SQLiteStore)  # the stores there are: open_store
         return LocalSearcher(
             self.store,
             graph_path=Path(str(location) + GRAPH_SUFFIX),
@@ -208,13 +207,13 @@ class VectorIndex:
         self,
         query: npt.NDArray[np.float32],
         k: int = 10,
-        filters: Mapping[str, Any] | None = None,
         *,
         where: Mapping[str, Any] | Where | None = None,
     ) -> list[Hit]:
         """Top ``k`` items by cosine similarity to the unit vector ``query``, among those whose
-        metadata has the ``filters`` (key → equal value) and satisfies ``where`` (the filter
-        language of :mod:`.where`; raises :class:`~themis_clip.errors.WhereError`)."""
+        metadata satisfies ``where`` (the filter language of :mod:`.where`, or its tree with
+        ``filters`` in it: :func:`.where.with_filters`; raises
+        :class:`~themis_clip.errors.WhereError`)."""
         condition = parse_where(where) if isinstance(where, Mapping) else where
         if not 1 <= int(k) <= MAX_K:
             raise SearchIndexError(f"k = {k}: expected 1 to {MAX_K}")
@@ -228,26 +227,25 @@ class VectorIndex:
             )
         if not np.all(np.isfinite(query)):
             raise SearchIndexError("the query vector has NaN or infinite components")
-        ids, scores = self.searcher.search(query, k, filters, stamp.dim, where=condition)
-        if filters and not len(ids):  # only then can a key be unknown (no second scan before)
-            self._check_filter_keys(filters)
+        ids, scores = self.searcher.search(query, k, stamp.dim, where=condition)
+        if not len(ids):  # only then can a key be unknown (no second scan before)
+            self.check_keys(condition)
         return _hits(ids, scores, self.store.items_by_id([int(i) for i in ids]))
 
     def search_many(
         self,
         queries: npt.NDArray[np.float32],
         k: int = 10,
-        filters: Mapping[str, Any] | None = None,
         *,
         where: Mapping[str, Any] | Where | None = None,
     ) -> list[list[Hit]]:
         """:meth:`search` for each row of ``queries``, with the same results, at a lower cost
-        per query: the filters are read once, a graph searches the queries as one batch on
+        per query: the filter is read once, a graph searches the queries as one batch on
         every core (unfiltered), and the hits' records are read together.
 
         Args:
             queries: ``(n, dim)`` unit vectors (float32).
-            k, filters, where: as for :meth:`search`, the same for every query.
+            k, where: as for :meth:`search`, the same for every query.
 
         Returns:
             One list of hits per query, in the order of ``queries``.
@@ -274,26 +272,23 @@ class VectorIndex:
             return []
         many = getattr(self.searcher, "search_many", None)  # PostgreSQL: one query at a time
         if many is not None:
-            found = many(np.ascontiguousarray(matrix), k, filters, stamp.dim, where=condition)
+            found = many(np.ascontiguousarray(matrix), k, stamp.dim, where=condition)
         else:
-            found = [
-                self.searcher.search(q, k, filters, stamp.dim, where=condition) for q in matrix
-            ]
-        if filters and any(not len(ids) for ids, _ in found):
-            self._check_filter_keys(filters)
+            found = [self.searcher.search(q, k, stamp.dim, where=condition) for q in matrix]
+        if any(not len(ids) for ids, _ in found):
+            self.check_keys(condition)
         wanted = list(dict.fromkeys(int(i) for ids, _ in found for i in ids))
         items: dict[int, StoredItem] = {}
         for start in range(0, len(wanted), _RECORDS_PER_READ):
             items.update(self.store.items_by_id(wanted[start : start + _RECORDS_PER_READ]))
         return [_hits(ids, scores, items) for ids, scores in found]
 
-    def check_filters(self, filters: Mapping[str, Any]) -> None:
-        """Raise :class:`MetadataError` for a filter on a key no item has."""
-        self._check_filter_keys(filters)
-
-    def _check_filter_keys(self, filters: Mapping[str, Any]) -> None:
-        """A filter on a key no item has is a mistake (a typo, or the wrong index): say so."""
-        keys = list(validate_filters(filters))
+    def check_keys(self, where: Where | None) -> None:
+        """Raise :class:`MetadataError` for a ``filters`` term (:class:`.where.Equals`) on a
+        key no item has: a mistake (a typo, or the wrong index), so say so."""
+        keys = equals_keys(where)
+        if not keys or not isinstance(self.store, Facets):
+            return
         present = self.store.metadata_keys_present(keys)  # once: it was once per key
         unknown = [k for k in keys if k not in present]
         if unknown and self.store.count():
@@ -308,7 +303,6 @@ class VectorIndex:
         self,
         key: str,
         k: int = 10,
-        filters: Mapping[str, Any] | None = None,
         *,
         where: Mapping[str, Any] | Where | None = None,
     ) -> list[Hit]:
@@ -318,7 +312,7 @@ class VectorIndex:
         if vector is None:
             raise KeyError(key)
         norm = float(np.linalg.norm(vector))
-        return self.search(vector / norm if norm > 0 else vector, k, filters, where=where)
+        return self.search(vector / norm if norm > 0 else vector, k, where=where)
 
     @property
     def progress(self) -> Callable[[str, int, int], object] | None:

@@ -17,6 +17,10 @@ is not 1.
 :func:`parse_where` checks a filter against :data:`WHERE_LIMITS` into a small tree (raising
 :class:`~themis_clip.errors.WhereError` naming the path); :mod:`.wheresql` compiles the tree
 into a boolean SQL expression for either store, every path and value a bound parameter.
+
+``filters`` (``{key: value}``: each top-level key equal to its JSON value, arrays and objects
+compared whole) are sugar for ``where``: :func:`with_filters` turns them into :class:`Equals`
+terms of the same tree, so the stores and searchers know one filter system.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from themis_clip.errors import WhereError
+from themis_clip.index.metadata import validate_filters
 
 __all__ = [
     "EARTH_KM",
@@ -37,14 +42,17 @@ __all__ = [
     "WHERE_LIMITS",
     "And",
     "Compare",
+    "Equals",
     "Exists",
     "Near",
     "Not",
     "Or",
     "Where",
     "WhereLimits",
+    "equals_keys",
     "parse_instant",
     "parse_where",
+    "with_filters",
 ]
 
 #: The mean Earth radius (IUGG), for great-circle distances.
@@ -106,7 +114,16 @@ class Not:
     part: Where
 
 
-Where = Compare | Exists | Near | And | Or | Not
+@dataclass(frozen=True, kw_only=True)
+class Equals:
+    """A top-level metadata ``key`` equal to ``value`` as JSON (one ``filters`` term): 1 and
+    1.0 are one number, ``true`` is not 1, arrays and objects are compared whole."""
+
+    key: str
+    value: Any
+
+
+Where = Compare | Exists | Near | Equals | And | Or | Not
 
 _COMPARE = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
 ORDER_SQL = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -279,3 +296,34 @@ def parse_where(value: Any, *, limits: WhereLimits = WHERE_LIMITS) -> Where:
             the message names the path (``where.$or[1].taken.$gte``).
     """
     return _Parser(limits).where(value, "where", 1)
+
+
+def with_filters(
+    filters: Mapping[str, Any] | None, where: Mapping[str, Any] | Where | None = None
+) -> Where | None:
+    """``filters`` and ``where`` as one tree (None: no filter): every key of ``filters`` an
+    :class:`Equals` term, all of them and ``where`` required.
+
+    Raises:
+        MetadataError: ``filters`` that no metadata can hold (:func:`.validate_filters`).
+        WhereError: a bad ``where`` (:func:`parse_where`).
+    """
+    condition = parse_where(where) if isinstance(where, Mapping) else where
+    parts: list[Where] = [
+        Equals(key=k, value=v) for k, v in validate_filters(filters or {}).items()
+    ]
+    if condition is not None:
+        parts.append(condition)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else And(parts=tuple(parts))
+
+
+def equals_keys(where: Where | None) -> list[str]:
+    """The keys of the :class:`Equals` terms in ``where`` (what a search checks the index
+    has when it finds nothing: a filter on a key no item has is a mistake)."""
+    if isinstance(where, Equals):
+        return [where.key]
+    if isinstance(where, And):
+        return [k for part in where.parts for k in equals_keys(part)]
+    return []

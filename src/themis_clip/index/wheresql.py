@@ -10,16 +10,20 @@ only in how a path's value is read, so they agree term by term.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from themis_clip.index.metadata import comparable, encode
 from themis_clip.index.where import (
     EARTH_KM,
     INDEXED_PATHS,
     ORDER_SQL,
     And,
+    Equals,
     Exists,
     Near,
     Not,
@@ -33,6 +37,7 @@ from themis_clip.index.where import (
 __all__ = [
     "compile_postgres",
     "compile_sqlite",
+    "jsonb_text",
     "pg_instant",
     "pg_number",
     "sqlite_instant",
@@ -85,6 +90,8 @@ class _Compiler:
             return self.exists(node.path) if node.present else f"(NOT {self.exists(node.path)})"
         if isinstance(node, Near):
             return self.near(node)
+        if isinstance(node, Equals):
+            return self.json_equal(node)
         if node.op in ("eq", "in"):
             return self.any_equal(node.path, node.values)
         if node.op in ("ne", "nin"):
@@ -127,6 +134,9 @@ class _Compiler:
         return "(" + " AND ".join(terms) + ")"
 
     # dialect parts
+    def json_equal(self, node: Equals) -> str:
+        raise NotImplementedError
+
     def exists(self, path: Path) -> str:
         raise NotImplementedError
 
@@ -150,6 +160,12 @@ class _SQLite(_Compiler):
         if path in INDEXED_PATHS:  # constant text: the expression indexes match it
             return "'$." + ".".join(path) + "'"
         return self.bind("$" + "".join(f'."{s}"' for s in path))
+
+    def json_equal(self, node: Equals) -> str:
+        # The fields table's index answers it (:mod:`.stores.sqlite.schema`); a row whose
+        # metadata could not be read back has no fields and matches nothing.
+        self.params += [node.key, *comparable(node.value)]
+        return "(id IN (SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?))"
 
     # Every SQLite leaf first checks json_valid: one row of malformed JSON (written by hand or
     # by another tool) must match nothing, not fail the query or the index's upkeep.
@@ -221,15 +237,20 @@ class _Postgres(_Compiler):
             return "(doc" + "".join(f" -> '{s}'" for s in path) + ")"
         return "(doc" + "".join(f" -> {self.bind(s)}::text" for s in path) + ")"
 
+    def json_equal(self, node: Equals) -> str:
+        # ``doc`` contains the pair (the GIN index finds candidates) and the value is equal as
+        # JSON (containment alone would let [1, 2] match [1]).
+        text = jsonb_text(encode(node.value)) or "null"
+        pair = self.bind(json.dumps({node.key: json.loads(text)}))
+        return f"(doc @> {pair}::jsonb AND doc -> {self.bind(node.key)} = {self.bind(text)}::jsonb)"
+
     def exists(self, path: Path) -> str:
         return f"({self.value(path)} IS NOT NULL)"
 
     def equal(self, path: Path, value: Scalar) -> str:
         if isinstance(value, str) and (instant := parse_instant(value)) is not None:
             return f"({self.instant(path)} = {self.when(instant)})"
-        import json
-
-        text = json.dumps(value, ensure_ascii=False).replace("\\u0000", "\\ufffd")
+        text = jsonb_text(json.dumps(value, ensure_ascii=False))
         return f"({self.value(path)} = {self.bind(text)}::jsonb)"
 
     def number(self, path: Path) -> str:
@@ -252,6 +273,15 @@ class _Postgres(_Compiler):
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A JSON \u0000 escape: preceded by an even number of backslashes (an odd one is a literal).
+_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def jsonb_text(text: str | None) -> str | None:
+    """The ``jsonb`` twin of stored metadata text (U+0000, which jsonb refuses, as U+FFFD)."""
+    if text is None:
+        return None
+    return _NUL_ESCAPE.sub(r"\1\\ufffd", text)
 
 
 def pg_instant(v1: str, v2: str) -> str:

@@ -17,7 +17,7 @@ from themis_clip.collection import choose_cut, cut_matches, weak_line
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.relevance import WeakLine, random_texts
 from themis_clip.index.search import Hit, VectorIndex
-from themis_clip.index.where import parse_where
+from themis_clip.index.where import with_filters
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import check_filters, check_key, decode_image_fields, raise_for
 from themis_clip.server.schemas import QueryPart, SearchRequest
@@ -105,8 +105,7 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     ):
         mode = QueryMode.BROWSE  # a filter or an order and no query: the matching items
     check_filters(body.filters)
-    if body.where is not None:
-        parse_where(body.where)  # a bad filter is a 422 naming its path, before any work
+    where = with_filters(body.filters, body.where)  # a bad filter is a 422, before any work
     parts = _parts(body)
     for i, part in enumerate(parts):
         if part.item is not None:
@@ -143,11 +142,10 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
             },
             vector=vector,
             text=words or None,
-            filters=body.filters,
             cursor=body.cursor,
             # "more like this": the items the query is made of are no answer
             exclude=frozenset(p.item for p in parts if p.item is not None and p.weight > 0),
-            where=body.where,
+            where=where,
             order="-taken" if body.sort == "score" else body.sort,
         )
         return page.hits, page.next, idx.mode, space

@@ -9,7 +9,7 @@ the local searcher suits it, one searcher.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -41,13 +41,11 @@ class Searcher(Protocol):
         self,
         query: npt.NDArray[np.float32],
         k: int,
-        filters: Mapping[str, Any] | None,
         dim: int,
         *,
         where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        """The top ``k`` ``(store ids, cosine scores)`` of the items matching ``filters``
-        and ``where``."""
+        """The top ``k`` ``(store ids, cosine scores)`` of the items matching ``where``."""
         ...
 
     def prepare(self, dim: int) -> bool:

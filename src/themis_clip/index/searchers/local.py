@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from themis_clip.config import SearchConfig
 from themis_clip.index.ann import HNSWIndex
 from themis_clip.index.kernels import measure_exact_ms
 from themis_clip.index.rwlock import ReadWriteLock
-from themis_clip.index.searchers.answers import SELECTIVE_FILTER, Structures
+from themis_clip.index.searchers.structures import SELECTIVE_FILTER, Structures
 from themis_clip.index.settings import GraphDType, SearchKind, SearchPlan
 from themis_clip.index.stores.base import GraphFileStore
 from themis_clip.index.tuning import tune
@@ -160,12 +160,11 @@ class LocalSearcher:
         self,
         query: npt.NDArray[np.float32],
         k: int,
-        filters: Mapping[str, Any] | None,
         dim: int,
         *,
         where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        allowed = self._allowed_and_current(filters, where, dim)
+        allowed = self._allowed_and_current(where, dim)
         with self._lock.read():  # a write since is caught up by the next search
             return self._structures().search(query, k, allowed, dim)
 
@@ -173,25 +172,19 @@ class LocalSearcher:
         self,
         queries: npt.NDArray[np.float32],
         k: int,
-        filters: Mapping[str, Any] | None,
         dim: int,
         *,
         where: Where | None = None,
     ) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]]:
         """:meth:`search` for each row of ``queries`` (``(n, dim)`` unit vectors), with the
         same results; the filter is read once (:meth:`.Structures.search_many`)."""
-        allowed = self._allowed_and_current(filters, where, dim)
+        allowed = self._allowed_and_current(where, dim)
         with self._lock.read():
             return self._structures().search_many(queries, k, allowed, dim)
 
-    def _allowed_and_current(
-        self, filters: Mapping[str, Any] | None, where: Where | None, dim: int
-    ) -> set[int] | None:
-        """The ids the filters allow (None: all), with the structures caught up first."""
-        allowed = self.store.ids_matching(filters) if filters else None
-        if where is not None:
-            matching = self.store.ids_where(where)
-            allowed = matching if allowed is None else allowed & matching
+    def _allowed_and_current(self, where: Where | None, dim: int) -> set[int] | None:
+        """The ids ``where`` allows (None: all), with the structures caught up first."""
+        allowed = self.store.ids_where(where) if where is not None else None
         if not self._is_current():
             with self._lock.write():
                 self._refresh(dim)

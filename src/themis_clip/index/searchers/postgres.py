@@ -19,7 +19,7 @@ adapter stay in :mod:`..stores.postgres`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,7 +27,6 @@ import numpy.typing as npt
 
 from themis_clip.config import SearchConfig
 from themis_clip.index.settings import GraphDType, SearchKind, SearchPlan
-from themis_clip.index.stores.pgschema import filter_sql
 from themis_clip.index.stores.postgres import PgStore
 from themis_clip.index.where import Where
 from themis_clip.index.wheresql import compile_postgres
@@ -113,18 +112,16 @@ class PgSearcher:
         self,
         query: npt.NDArray[np.float32],
         k: int,
-        filters: Mapping[str, Any] | None,
         dim: int,
         *,
         where: Where | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
-        return self.nearest(query, k, filters, where=where)
+        return self.nearest(query, k, where=where)
 
     def nearest(
         self,
         query: npt.NDArray[np.float32],
         k: int,
-        filters: Mapping[str, Any] | None,
         *,
         exact: bool = False,
         where: Where | None = None,
@@ -137,8 +134,8 @@ class PgSearcher:
         ef = self.expansion_search or (plan.expansion_search if plan else None) or _MIN_EF
         q = np.ascontiguousarray(query, dtype=np.float32)
         with self.store.connection() as db, db.transaction():
-            if filters or where is not None:
-                clause, params = _clauses(filters, where)
+            if where is not None:
+                clause, params = compile_postgres(where)
                 db.execute("SET LOCAL enable_indexscan = off")
                 sql = (
                     "SELECT id, 1 - (embedding <=> %s) FROM themis_items "  # noqa: S608
@@ -232,17 +229,3 @@ class PgSearcher:
             graph_bytes_per_item=hnsw_bytes / count,
             target_recall=self.settings.target_recall,
         )
-
-
-def _clauses(filters: Mapping[str, Any] | None, where: Where | None) -> tuple[str, list[Any]]:
-    """The equality ``filters`` and the ``where`` filter as one WHERE clause (bound values)."""
-    parts, params = [], []
-    if filters:
-        clause, values = filter_sql(filters)
-        parts.append(clause)
-        params += values
-    if where is not None:
-        clause, values = compile_postgres(where)
-        parts.append(clause)
-        params += values
-    return " AND ".join(parts), params

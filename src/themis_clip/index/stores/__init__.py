@@ -1,20 +1,23 @@
-"""The stores: one protocol (:mod:`.base`), an SQLite file (:mod:`.sqlite`) and a PostgreSQL
-database with pgvector (:mod:`.postgres`), and which one an index location names.
+"""The stores: one protocol and its optional capabilities (:mod:`.base`), an SQLite file
+(:mod:`.sqlite`) and a PostgreSQL database with pgvector (:mod:`.postgres`), and which one an
+index location names.
 
-The two stores never import each other (an import-linter contract keeps it so); what both
-hold and check alike is in :mod:`.rows`.
+The two store packages never import each other (an import-linter contract keeps it so); what
+both hold and check alike is in :mod:`.rows`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from themis_clip.index.stores.base import GraphFileStore, Store, StoreKind, is_url
+from themis_clip.index.stores.base import Facets, GraphFileStore, Lexical, Store, StoreKind, is_url
 from themis_clip.index.stores.rows import ItemRow, StoredItem
 
 __all__ = [
+    "Facets",
     "GraphFileStore",
     "ItemRow",
+    "Lexical",
     "Store",
     "StoreKind",
     "StoredItem",
@@ -30,9 +33,9 @@ def open_store(location: str | Path, *, readonly: bool = False) -> Store:
         from themis_clip.index.stores.postgres import PgStore
 
         return PgStore(str(location), readonly=readonly)
-    from themis_clip.index.stores.sqlite import IndexStore
+    from themis_clip.index.stores.sqlite import SQLiteStore
 
-    return IndexStore(location, readonly=readonly)
+    return SQLiteStore(location, readonly=readonly)
 
 
 def drop_store(location: str | Path) -> None:

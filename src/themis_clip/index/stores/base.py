@@ -5,6 +5,9 @@ A location is a file path (SQLite, the embedded default) or a ``postgresql://`` 
 file). Both stores keep the same items, metadata, thumbnails, vectors, model identity and
 change tracking, and pass the same behavioural tests (``tests/integration/test_store_contract.py``).
 A store only stores: how it is searched is a searcher's business (:mod:`..searchers`).
+
+:class:`Store` is what every store must do; :class:`Lexical` (word search) and :class:`Facets`
+(what the metadata holds) are capabilities a store may add, checked with ``isinstance``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +23,7 @@ import numpy.typing as npt
 from themis_clip.index.stores.rows import ItemRow, StoredItem
 from themis_clip.index.where import Where
 
-__all__ = ["GraphFileStore", "Store", "StoreKind", "is_url"]
+__all__ = ["Facets", "GraphFileStore", "Lexical", "Store", "StoreKind", "is_url"]
 
 _SCHEMES = ("postgresql://", "postgres://")
 
@@ -72,20 +75,32 @@ class Store(Protocol):
     def vectors_by_id(self, ids: Sequence[int], dim: int) -> npt.NDArray[np.float32]: ...
     def size_bytes(self) -> int: ...
     def items_by_id(self, ids: Sequence[int]) -> dict[int, StoredItem]: ...
-    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]: ...
     def ids_where(self, where: Where) -> set[int]: ...
+    def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]: ...
     def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int: ...
-    def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]: ...
-    def metadata_keys_present(self, keys: Iterable[str]) -> set[str]: ...
-    def metadata_facets(
-        self, *, max_keys: int = 50, max_values: int = 20
-    ) -> list[dict[str, Any]]: ...
-    def lexical(self, text: str, limit: int, filters: Mapping[str, Any] | None) -> list[int]: ...
-    def timeline(self, filters: Mapping[str, Any] | None) -> list[tuple[int, Any, Any, Any]]: ...
     def record_failures(self, rows: Sequence[tuple[str, int, int, str]]) -> None: ...
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]: ...
     def delete_failures(self, paths: Iterable[str]) -> None: ...
     def integrity_ok(self) -> bool: ...
+
+
+@runtime_checkable
+class Lexical(Protocol):
+    """A store that finds items by the words of their key, path and string metadata."""
+
+    def lexical(self, text: str, limit: int, where: Where | None) -> list[int]: ...
+
+
+@runtime_checkable
+class Facets(Protocol):
+    """A store that tells which metadata keys and values it holds (filter pickers, and the
+    error naming a filter key no item has)."""
+
+    def metadata_keys_present(self, keys: Iterable[str]) -> set[str]: ...
+    def metadata_facets(
+        self, *, max_keys: int = 50, max_values: int = 20
+    ) -> list[dict[str, Any]]: ...
+    def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]: ...
 
 
 class GraphFileStore(Store, Protocol):

@@ -16,6 +16,7 @@ from themis_clip.index.duplicates import (
     DuplicateGroup,
     find_duplicates,
 )
+from themis_clip.index.stores import Facets
 from themis_clip.preprocess.image import same_pixels
 from themis_clip.server.access import SEARCH
 from themis_clip.server.schemas import DuplicateGroups, PhotoFacets, answer
@@ -66,5 +67,7 @@ async def duplicates(
 @router.get("/index/photo-facets", **answer(PhotoFacets))
 async def photo_facets(state: StateDep) -> dict[str, Any]:
     """``{"taken": {"first", "last"} | null, "makes": [{"make", "count"}]}``."""
-    idx = state.require_index()
-    return await asyncio.to_thread(idx.store.photo_facets)
+    store = state.require_index().store
+    if not isinstance(store, Facets):
+        return {"taken": None, "makes": []}
+    return await asyncio.to_thread(store.photo_facets)

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
-from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores import Facets, ItemRow
 from themis_clip.preprocess.thumbnail import make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.bodies import documented, json_body
@@ -128,7 +128,7 @@ async def index_filters(state: StateDep) -> dict[str, Any]:
     idx = state.require_index()
 
     def read() -> list[dict[str, Any]]:
-        return idx.store.metadata_facets()
+        return idx.store.metadata_facets() if isinstance(idx.store, Facets) else []
 
     return {"keys": await asyncio.to_thread(read)}
 

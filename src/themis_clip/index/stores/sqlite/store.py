@@ -1,4 +1,4 @@
-"""The only module that imports ``sqlite3``: items, their vectors and the index's model identity.
+"""An index in an SQLite file: items, their vectors and the index's model identity.
 
 Schema (``PRAGMA user_version`` is the schema version; migrations run in order, each in one
 transaction; an index written by a newer themis-clip is refused, not guessed at)::
@@ -16,15 +16,16 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
     fields(id, key, kind, value) (v5)               each item's top-level metadata values, as
                                                     :func:`.metadata.comparable` makes them
     items_taken, items_gps (v6)                     expression indexes for ``where`` filters
-                                                    on ``taken`` and ``gps`` (:mod:`..where`)
+                                                    on ``taken`` and ``gps``
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
-version it reflects (:meth:`IndexStore.changes_since`) instead of being rebuilt.
+version it reflects (:meth:`SQLiteStore.changes_since`) instead of being rebuilt.
 
-Metadata is validated on the way in (:mod:`.metadata`: bounded, strict JSON objects) and read
-back without ever raising. Filters, facets and key checks read ``fields``, whose index on
-``(key, kind, value)`` answers each filter term with one index range, whatever the number
-of keys the items hold (scanning every item's JSON took seconds with ~500 keys an item).
+Metadata is validated on the way in (:mod:`themis_clip.index.metadata`: bounded, strict JSON
+objects) and read back without ever raising. Equality filters, facets and key checks read
+``fields``, whose index on ``(key, kind, value)`` answers each term with one index range,
+whatever the number of keys the items hold (scanning every item's JSON took seconds with ~500
+keys an item). The reads beyond items and vectors are :mod:`.queries`.
 
 The database runs in WAL mode with ``synchronous=NORMAL``: a killed process loses at most the
 transaction it was in, never a committed one, and never leaves a half-written row. Writes go
@@ -49,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import comparable, validate_filters
+from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.rows import (
     COLUMNS,
@@ -59,19 +60,18 @@ from themis_clip.index.stores.rows import (
     like_under,
     stored_item,
 )
-from themis_clip.index.stores.sqlschema import (
+from themis_clip.index.stores.sqlite import queries
+from themis_clip.index.stores.sqlite.schema import (
     ADD_FIELDS,
-    FILTER_TERM,
     MIGRATIONS,
     SCHEMA_VERSION,
     fields_of,
 )
-from themis_clip.index.stores.sqlwhere import SQLiteWhereMixin
-from themis_clip.index.stores.sqlwords import SQLiteQueries
+from themis_clip.index.where import Where
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SCHEMA_VERSION", "IndexStore", "ItemRow", "StoredItem"]
+__all__ = ["SCHEMA_VERSION", "ItemRow", "SQLiteStore", "StoredItem"]
 
 
 def _writable(path: Path) -> bool:
@@ -89,7 +89,7 @@ def _readable_now(db: sqlite3.Connection) -> bool:
     return True
 
 
-class IndexStore(SQLiteQueries, SQLiteWhereMixin):
+class SQLiteStore:
     """An SQLite file holding items and vectors.
 
     Args:
@@ -166,7 +166,7 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
             self._local.conn, self._local.meta = conn, (-1, {})
         return conn
 
-    def __enter__(self) -> IndexStore:
+    def __enter__(self) -> SQLiteStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -199,7 +199,7 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
                 version,
                 SCHEMA_VERSION,
             )
-            IndexStore(self.path).close()
+            SQLiteStore(self.path).close()
             return
         # One write transaction, the version read again inside it: another process that
         # opened the same new file at once has either migrated it already or waits for this.
@@ -408,62 +408,46 @@ class IndexStore(SQLiteQueries, SQLiteWhereMixin):
         rows = self._select(f"id IN ({marks})", [int(i) for i in ids]).fetchall()
         return {r[0]: stored_item(r) for r in rows}
 
-    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
-        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality:
-        :func:`comparable`), one index range per key; a row whose metadata could not be read
-        back has no fields and matches nothing."""
-        terms = [(key, *comparable(value)) for key, value in validate_filters(filters).items()]
-        if not terms:
-            return {r[0] for r in self._reader().execute("SELECT id FROM items").fetchall()}
-        sql = " INTERSECT ".join([FILTER_TERM] * len(terms))
-        return {r[0] for r in self._reader().execute(sql, [p for t in terms for p in t]).fetchall()}
+    def ids_where(self, where: Where) -> set[int]:
+        return queries.ids_where(self._reader(), where)
+
+    def lexical(self, text: str, limit: int, where: Where | None) -> list[int]:
+        return queries.lexical(self._reader(), text, limit, where)
+
+    def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]:
+        return queries.timeline(self._reader(), where)
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
-        """Which of ``keys`` some item's metadata has at its top level."""
-        wanted = list(dict.fromkeys(keys))
-        found = set()
-        for key in wanted:  # one index probe each
-            row = self._reader().execute("SELECT 1 FROM fields WHERE key = ? LIMIT 1", (key,))
-            if row.fetchone():
-                found.add(key)
-        return found
+        return queries.keys_present(self._reader(), keys)
 
     def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
-        """The top-level metadata keys the index holds, most common first, with how many items
-        have each and their most common scalar values (for filter pickers; ``max_values`` 0:
-        the keys only)."""
-        keys = (
-            self._reader()
-            .execute(
-                "SELECT key, COUNT(*) AS n FROM fields GROUP BY key ORDER BY n DESC, key LIMIT ?",
-                (max_keys,),
+        return queries.metadata_facets(self._reader(), max_keys=max_keys, max_values=max_values)
+
+    def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]:
+        return queries.photo_facets(self._reader(), max_makes=max_makes)
+
+    def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int:
+        """Replace the metadata of existing items (key → metadata) in one transaction,
+        leaving their vectors alone (not a write of the vector: graphs need no catch-up).
+        Returns how many items there were."""
+        rows = [
+            (encode(validate_metadata(m)) if m is not None else None, k) for k, m in values.items()
+        ]
+        if not rows:
+            return 0
+        with self.transaction() as db:
+            done = 0
+            for row in rows:
+                done += db.execute("UPDATE items SET metadata = ? WHERE key = ?", row).rowcount
+            db.executemany(
+                "DELETE FROM fields WHERE id = (SELECT id FROM items WHERE key = ?)",
+                [(k,) for k in values],
             )
-            .fetchall()
-        )
-        out = []
-        for key, count in keys:
-            rows = []
-            if max_values > 0:
-                rows = (
-                    self._reader()
-                    .execute(
-                        "SELECT value, kind, COUNT(*) AS n FROM fields WHERE key = ? "
-                        "AND kind NOT IN ('object', 'array') "
-                        "GROUP BY kind, value ORDER BY n DESC, value LIMIT ?",
-                        (key, max_values + 1),
-                    )
-                    .fetchall()
-                )
-            values = [{"value": _json_scalar(value, kind), "count": n} for value, kind, n in rows]
-            out.append(
-                {
-                    "key": key,
-                    "count": count,
-                    "values": values[:max_values],
-                    "more_values": len(values) > max_values,
-                }
+            db.executemany(
+                ADD_FIELDS + " WHERE key = ?",
+                [(*field, k) for k, m in values.items() for field in fields_of(m)],
             )
-        return out
+        return done
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -506,8 +490,3 @@ def _unpack(
     for i, (_, blob) in enumerate(rows):
         matrix[i] = np.frombuffer(blob, dtype="<f4")
     return ids, matrix
-
-
-def _json_scalar(value: Any, kind: str) -> Any:
-    """A field's SQL value as the JSON scalar it came from (booleans are 1/0 there)."""
-    return bool(value) if kind == "bool" else value

@@ -1,5 +1,5 @@
 """The SQLite store's schema: its versions and migrations, and the ``fields`` table that
-filters read (:mod:`.sqlite` runs them; the schema is drawn in its docstring)."""
+equality filters read (:mod:`.store` runs them; the schema is drawn in its docstring)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,11 @@ from typing import Any
 from themis_clip.index.metadata import comparable, decode_stored, repair
 from themis_clip.index.wheresql import sqlite_instant, sqlite_number, sqlite_text
 
-__all__ = [
-    "ADD_FIELDS",
-    "FILTER_TERM",
-    "LEXICAL_SQL",
-    "MIGRATIONS",
-    "SCHEMA_VERSION",
-    "fields_of",
-]
+__all__ = ["ADD_FIELDS", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 6
-# One filter term, constant SQL: key, kind and value are bound parameters.
-FILTER_TERM = "SELECT id FROM fields WHERE key = ? AND kind = ? AND value IS ?"
 ADD_FIELDS = "INSERT OR REPLACE INTO fields(id, key, kind, value) SELECT id, ?, ?, ? FROM items"
 
 
@@ -99,11 +90,6 @@ _FTS_DDL: list[str | Callable[[sqlite3.Connection], None]] = [
     "DELETE FROM lexical",
     "INSERT INTO lexical(rowid, key, path, meta) " + _LEXICAL_ROW.format(p="") + " FROM items",
 ]
-#: Ranked ids of the items matching an FTS5 query (bound: the query, then the limit); best
-#: first by BM25, ties by id. ``{filters}`` is empty or `` AND rowid IN (...)``.
-LEXICAL_SQL = (
-    "SELECT rowid FROM lexical WHERE lexical MATCH ?{filters} ORDER BY bm25(lexical), rowid LIMIT ?"
-)
 # v6 (photo): expression indexes for the ``where`` language's indexed paths (the very
 # expressions :func:`..wheresql.compile_sqlite` writes for them), so a date range or a geo box
 # over 100k items reads an index range instead of every row's JSON (and so does a camera make).

@@ -1,11 +1,12 @@
-"""The only module that imports ``psycopg`` and ``pgvector``: an index in PostgreSQL.
+"""An index in PostgreSQL (the only module that imports ``psycopg``, its pool and ``pgvector``).
 
 For deployments with several ``serve`` replicas on one index, or collections that outgrow one
 file: ``--index postgresql://user:pass@host/db``. It keeps what the SQLite store keeps (items,
 metadata, thumbnails, float32 vectors, the model identity, change tracking, unreadable files)
 and behaves the same (``tests/integration/test_store_contract.py``: one suite, both). The
-database also searches itself (pgvector's HNSW index): that is :mod:`..searchers.postgres`, on this
-store's connection. The schema, its migrations and the filter SQL are in :mod:`.pgschema`.
+database also searches itself (pgvector's HNSW index): that is
+:mod:`themis_clip.index.searchers.postgres`, on this store's connection. The schema and its
+migrations are :mod:`.schema`; the reads beyond items and vectors :mod:`.queries`.
 
 Why psycopg 3: the maintained PostgreSQL driver for Python (binary protocol, server-side
 parameters, thread-safe connections, clear exception classes); ``pgvector`` (the extension
@@ -13,8 +14,8 @@ author's adapter) moves vectors as NumPy arrays in binary form.
 
 Every write is one transaction that first bumps ``write_version`` (its row lock orders writers);
 a killed client's open transaction is rolled back by the server, so nothing is half-written.
-A store holds up to :data:`POOL_SIZE` connections, one per thread at a time, so concurrent
-searches of one server run side by side instead of queueing behind one connection.
+A store holds up to :data:`POOL_SIZE` connections (psycopg's pool), one per thread at a time, so
+concurrent searches of one server run side by side instead of queueing behind one connection.
 """
 
 from __future__ import annotations
@@ -29,25 +30,21 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
+from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
-from themis_clip.index.stores.pgschema import (
+from themis_clip.index.stores.postgres import queries
+from themis_clip.index.stores.postgres.schema import (
     INTEGRITY_SQL,
-    KEYS_PRESENT_SQL,
     MIGRATION_LOCK,
     MIGRATIONS,
     PG_SCHEMA_VERSION,
     TABLES,
     ensure_extension,
-    filter_sql,
     first_line,
     has_halfvec,
-    jsonb_text,
     redact,
     schema_version,
 )
-from themis_clip.index.stores.pgwhere import PgWhereMixin
-from themis_clip.index.stores.pgwords import PgQueries
-from themis_clip.index.stores.pool import Pool
 from themis_clip.index.stores.rows import (
     COLUMNS,
     ItemRow,
@@ -56,6 +53,8 @@ from themis_clip.index.stores.rows import (
     like_under,
     stored_item,
 )
+from themis_clip.index.where import Where
+from themis_clip.index.wheresql import jsonb_text
 
 __all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
 
@@ -65,7 +64,7 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 8
 
 
-class PgStore(PgQueries, PgWhereMixin):
+class PgStore:
     """An index in a PostgreSQL database with the pgvector extension.
 
     Args:
@@ -80,17 +79,24 @@ class PgStore(PgQueries, PgWhereMixin):
         self.path = redact(url)
         self.readonly = readonly
         self._timeout = connect_timeout_s
-        self._conn = self._connect()  # the first connection: extension and migrations
+        first = self._connect()  # extension and migrations, failing with the driver's message
         try:
-            self.extension_version = ensure_extension(
-                self._conn, where=self.path, readonly=self.readonly
-            )
-            self._migrate()
-            self._register(self._conn)
-        except BaseException:
-            self._conn.close()
-            raise
-        self._pool = Pool(self._reconnect, size=POOL_SIZE, first=self._conn)
+            self.extension_version = ensure_extension(first, where=self.path, readonly=readonly)
+            self._migrate(first)
+        finally:
+            first.close()
+        from psycopg_pool import ConnectionPool
+
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=POOL_SIZE,
+            timeout=connect_timeout_s,
+            kwargs={"autocommit": True, "connect_timeout": connect_timeout_s},
+            configure=self._configure,
+            check=ConnectionPool.check_connection,  # a connection the server dropped: a new one
+            open=True,
+        )
         self._local = threading.local()  # this thread's connection while it holds one
 
     @property
@@ -109,55 +115,42 @@ class PgStore(PgQueries, PgWhereMixin):
             raise SearchIndexError(
                 f"cannot connect to PostgreSQL at {self.path}: {first_line(exc)}"
             ) from exc
-        if self.readonly:
-            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
         return conn
 
+    def _configure(self, conn: Any) -> None:
+        """Each pooled connection: pgvector's types, and read-only when the store is."""
+        from pgvector.psycopg import register_vector
+
+        register_vector(conn)
+        if self.readonly:
+            conn.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+
     @contextmanager
-    def _db(self) -> Iterator[Any]:
+    def connection(self) -> Iterator[Any]:
         """A connection of this thread's own until the block ends (the same one when nested),
-        reconnected when the server dropped it; psycopg errors translated."""
+        reconnected when the server dropped it; psycopg errors translated (a searcher's own
+        SQL runs on it too: :mod:`themis_clip.index.searchers.postgres`)."""
         import psycopg
 
         held = getattr(self._local, "conn", None)
         if held is not None:
             yield held
             return
-        conn = self._pool.acquire()
-        self._local.conn = conn
         try:
-            yield conn
-        except psycopg.Error as exc:
+            with self._pool.connection() as conn:
+                self._local.conn = conn
+                try:
+                    yield conn
+                finally:
+                    self._local.conn = None
+        except psycopg.Error as exc:  # the pool's timeout too: no server to reach
             raise SearchIndexError(f"PostgreSQL ({self.path}): {first_line(exc)}") from exc
-        finally:
-            self._local.conn = None
-            self._pool.release(conn)
-
-    def _reconnect(self, conn: Any | None) -> Any:
-        """``conn`` if it is still usable, else a new connection (the server dropped it)."""
-        if conn is not None and not (conn.closed or conn.broken):
-            return conn
-        conn = self._connect()
-        self._register(conn)
-        return conn
-
-    @contextmanager
-    def connection(self) -> Iterator[Any]:
-        """The connection for a searcher's own SQL (:mod:`..searchers.postgres`), as
-        :meth:`_db` gives it: this thread's own while the block lasts, errors translated."""
-        with self._db() as db:
-            yield db
 
     def as_halfvec(self, vector: npt.NDArray[np.float32]) -> Any:
         """``vector`` as a query parameter of type ``halfvec`` (pgvector's adapter)."""
         from pgvector import HalfVector
 
         return HalfVector(vector)
-
-    def _register(self, conn: Any) -> None:
-        from pgvector.psycopg import register_vector
-
-        register_vector(conn)
 
     def close(self) -> None:
         self._pool.close()
@@ -175,11 +168,11 @@ class PgStore(PgQueries, PgWhereMixin):
         """Whether the extension has ``halfvec`` (pgvector >= 0.7): the HNSW index holds f16."""
         return has_halfvec(self.extension_version)
 
-    def _migrate(self) -> None:
+    def _migrate(self, conn: Any) -> None:
         import psycopg
 
         try:
-            version = schema_version(self._conn)
+            version = schema_version(conn)
             if version > PG_SCHEMA_VERSION:
                 raise SearchIndexError(
                     f"the index at {self.path} has schema version {version}, newer than this "
@@ -191,18 +184,18 @@ class PgStore(PgQueries, PgWhereMixin):
                 raise SearchIndexError(
                     f"the index at {self.path} needs a migration; open it writable once"
                 )
-            with self._conn.transaction():
-                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                version = schema_version(self._conn)  # another process may have just migrated
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                version = schema_version(conn)  # another process may have just migrated
                 for target in range(version + 1, PG_SCHEMA_VERSION + 1):
                     for step in MIGRATIONS[target]:
-                        self._conn.execute(step)
-                    self._conn.execute(
+                        conn.execute(step)
+                    conn.execute(
                         "INSERT INTO themis_meta(key, value) VALUES('schema_version', %s) "
                         "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                         (str(target),),
                     )
-                self._conn.execute(
+                conn.execute(
                     "INSERT INTO themis_meta(key, value) VALUES('write_version', '0') "
                     "ON CONFLICT(key) DO NOTHING"
                 )
@@ -216,7 +209,7 @@ class PgStore(PgQueries, PgWhereMixin):
         """Delete the index's tables (``--rebuild``); other tables are left alone."""
         store = PgStore(url)
         try:
-            with store._db() as db, db.transaction():
+            with store.connection() as db, db.transaction():
                 db.execute(f"DROP TABLE IF EXISTS {', '.join(TABLES)} CASCADE")
         finally:
             store.close()
@@ -226,7 +219,7 @@ class PgStore(PgQueries, PgWhereMixin):
         """One atomic write, numbered: ``write_version`` is bumped first (ordering writers)."""
         if self.readonly:
             raise SearchIndexError(f"the index at {self.path} is open read-only")
-        with self._db() as db, db.transaction():
+        with self.connection() as db, db.transaction():
             (version,) = db.execute(
                 "UPDATE themis_meta SET value = (value::bigint + 1)::text "
                 "WHERE key = 'write_version' RETURNING value::bigint"
@@ -237,7 +230,7 @@ class PgStore(PgQueries, PgWhereMixin):
     # -- meta ----------------------------------------------------------------------------------
 
     def meta(self) -> dict[str, str]:
-        with self._db() as db:
+        with self.connection() as db:
             return dict(db.execute("SELECT key, value FROM themis_meta").fetchall())
 
     def set_meta(self, values: Mapping[str, str | int]) -> None:
@@ -253,7 +246,7 @@ class PgStore(PgQueries, PgWhereMixin):
 
     @property
     def write_version(self) -> int:
-        with self._db() as db:
+        with self.connection() as db:
             row = db.execute("SELECT value FROM themis_meta WHERE key = 'write_version'").fetchone()
         return int(row[0]) if row else 0
 
@@ -337,7 +330,7 @@ class PgStore(PgQueries, PgWhereMixin):
             )
 
     def _select(self, where: str, params: Sequence[Any]) -> list[Any]:
-        with self._db() as db:
+        with self.connection() as db:
             # Constant SQL built here; every value is a bound parameter.
             sql = f"SELECT {COLUMNS} FROM themis_items WHERE {where}"  # noqa: S608
             return list(db.execute(sql, params).fetchall())
@@ -355,22 +348,22 @@ class PgStore(PgQueries, PgWhereMixin):
         return [stored_item(r) for r in self._select("sha256 = %s", (digest,))]
 
     def vector(self, key: str) -> npt.NDArray[np.float32] | None:
-        with self._db() as db:
+        with self.connection() as db:
             row = db.execute("SELECT embedding FROM themis_items WHERE key = %s", (key,)).fetchone()
         return _np(row[0]) if row else None
 
     def thumbnail(self, key: str) -> bytes | None:
-        with self._db() as db:
+        with self.connection() as db:
             row = db.execute("SELECT thumbnail FROM themis_items WHERE key = %s", (key,)).fetchone()
         return bytes(row[0]) if row and row[0] is not None else None
 
     def count(self) -> int:
-        with self._db() as db:
+        with self.connection() as db:
             (n,) = db.execute("SELECT count(*) FROM themis_items").fetchone()
         return int(n)
 
     def _vectors(self, sql: str, params: Sequence[Any], dim: int) -> tuple[Any, Any]:
-        with self._db() as db, db.cursor(binary=True) as cur:
+        with self.connection() as db, db.cursor(binary=True) as cur:
             cur.execute(sql, params)
             rows = cur.fetchall()
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
@@ -393,7 +386,7 @@ class PgStore(PgQueries, PgWhereMixin):
             (version,),
             dim,
         )
-        with self._db() as db:
+        with self.connection() as db:
             gone = db.execute("SELECT id FROM themis_removed WHERE at > %s", (version,)).fetchall()
         return ids, matrix, np.fromiter((r[0] for r in gone), dtype=np.int64, count=len(gone))
 
@@ -425,7 +418,7 @@ class PgStore(PgQueries, PgWhereMixin):
 
     def size_bytes(self) -> int:
         """The index's tables with their indexes and TOAST, as PostgreSQL counts them."""
-        with self._db() as db:
+        with self.connection() as db:
             sql = "SELECT sum(pg_total_relation_size(c)) FROM unnest(%s::regclass[]) AS c"
             (n,) = db.execute(sql, (list(TABLES),)).fetchone()
         return int(n or 0)
@@ -436,19 +429,46 @@ class PgStore(PgQueries, PgWhereMixin):
         rows = self._select("id = ANY(%s)", ([int(i) for i in ids],))
         return {int(r[0]): stored_item(r) for r in rows}
 
-    def ids_matching(self, filters: Mapping[str, Any]) -> set[int]:
-        """Ids whose metadata has each top-level ``key`` equal to ``value`` (JSON equality)."""
-        where, params = filter_sql(filters)
-        with self._db() as db:
-            sql = f"SELECT id FROM themis_items WHERE {where}"  # noqa: S608 - only %s marks
-            return {int(r[0]) for r in db.execute(sql, params).fetchall()}
+    def ids_where(self, where: Where) -> set[int]:
+        with self.connection() as db:
+            return queries.ids_where(db, where)
+
+    def lexical(self, text: str, limit: int, where: Where | None) -> list[int]:
+        with self.connection() as db:
+            return queries.lexical(db, text, limit, where)
+
+    def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]:
+        with self.connection() as db:
+            return queries.timeline(db, where)
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
-        """Which of ``keys`` some item's metadata has at its top level (the GIN index answers
-        each ``?``), in one round trip."""
-        with self._db() as db:
-            rows = db.execute(KEYS_PRESENT_SQL, {"keys": list(dict.fromkeys(keys))}).fetchall()
-        return {r[0] for r in rows}
+        with self.connection() as db:
+            return queries.keys_present(db, keys)
+
+    def metadata_facets(self, *, max_keys: int = 50, max_values: int = 20) -> list[dict[str, Any]]:
+        with self.connection() as db:
+            return queries.metadata_facets(db, max_keys=max_keys, max_values=max_values)
+
+    def photo_facets(self, *, max_makes: int = 50) -> dict[str, Any]:
+        with self.connection() as db:
+            return queries.photo_facets(db, max_makes=max_makes)
+
+    def set_metadata(self, values: Mapping[str, Mapping[str, Any] | None]) -> int:
+        """Replace the metadata of existing items (key → metadata), vectors untouched (the
+        HNSW index needs nothing). Returns how many items there were."""
+        rows = []
+        for key, meta in values.items():
+            text = encode(validate_metadata(meta)) if meta is not None else None
+            rows.append((text, jsonb_text(text), key))
+        if not rows:
+            return 0
+        done = 0
+        with self.transaction() as db:
+            for row in rows:
+                done += db.execute(
+                    "UPDATE themis_items SET metadata = %s, doc = %s::jsonb WHERE key = %s", row
+                ).rowcount
+        return done
 
     # -- failures ------------------------------------------------------------------------------
 
@@ -463,7 +483,7 @@ class PgStore(PgQueries, PgWhereMixin):
                 )
 
     def failures_under(self, prefix: str) -> dict[str, tuple[int, int, str]]:
-        with self._db() as db:
+        with self.connection() as db:
             rows = db.execute(
                 "SELECT path, size, mtime_ns, error FROM themis_failures WHERE path LIKE %s",
                 (like_under(prefix),),
@@ -480,7 +500,7 @@ class PgStore(PgQueries, PgWhereMixin):
         """Whether the tables agree with each other (what a torn write would break): one
         ``write_version``, no row written after it, no removed id still present, a ``doc``
         exactly where there is ``metadata``, and every vector of the index's dimension."""
-        with self._db() as db:
+        with self.connection() as db:
             (ok,) = db.execute(INTEGRITY_SQL).fetchone()
         return bool(ok)
 

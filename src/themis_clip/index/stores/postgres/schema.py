@@ -1,5 +1,5 @@
-"""The PostgreSQL store's SQL that needs no driver: the schema and its migrations, the ``jsonb``
-twin of stored metadata, filter terms, and URLs without passwords (:mod:`.postgres` runs it).
+"""The PostgreSQL store's schema and its migrations, the pgvector checks, and URLs without
+passwords (:mod:`.store` runs them).
 
 Schema (tables ``themis_*`` in the connection's schema; several collections in one database:
 ``?options=-csearch_path%3Dname``), versioned in ``themis_meta.schema_version`` and migrated
@@ -12,43 +12,34 @@ under an advisory lock, each migration in one transaction::
     themis_removed(id PRIMARY KEY, at)
 
 ``metadata`` keeps the JSON text as given back; ``doc`` is the same JSON as ``jsonb`` for
-filters and facets (jsonb cannot hold U+0000, which ``doc`` holds as U+FFFD, in filters too).
+filters and facets (jsonb cannot hold U+0000, which ``doc`` holds as U+FFFD, in filters too:
+:func:`~themis_clip.index.wheresql.jsonb_text`).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from themis_clip.errors import SearchIndexError
-from themis_clip.index.metadata import encode, validate_filters
 from themis_clip.index.wheresql import pg_instant, pg_number
 
 __all__ = [
-    "FACET_KEYS_SQL",
-    "FACET_VALUES_SQL",
     "INTEGRITY_SQL",
-    "KEYS_PRESENT_SQL",
-    "LEXICAL_SQL",
     "MIGRATIONS",
     "MIGRATION_LOCK",
     "PG_SCHEMA_VERSION",
     "TABLES",
-    "TIMELINE_SQL",
     "ensure_extension",
-    "filter_sql",
     "first_line",
     "has_halfvec",
-    "jsonb_text",
     "redact",
     "schema_version",
 ]
 
 PG_SCHEMA_VERSION = 2
-#: True when the tables agree with each other (:meth:`PgStore.integrity_ok`). Ids come from a
+#: True when the tables agree with each other (:meth:`.store.PgStore.integrity_ok`). Ids come from a
 #: sequence and are never reused, so a removed id that is still an item is a torn write.
 INTEGRITY_SQL = """SELECT
     (SELECT count(*) FROM themis_meta WHERE key = 'write_version' AND value ~ '^[0-9]+$') = 1
@@ -59,22 +50,6 @@ INTEGRITY_SQL = """SELECT
     AND NOT EXISTS (SELECT 1 FROM themis_items WHERE vector_dims(embedding) <> COALESCE(
         (SELECT value::int FROM themis_meta WHERE key = 'dim' AND value ~ '^[0-9]+$'),
         vector_dims(embedding)))"""
-#: Which of the keys (a text[]) some item's ``doc`` has.
-KEYS_PRESENT_SQL = (
-    "SELECT DISTINCT k FROM (SELECT doc FROM themis_items WHERE doc ?| %(keys)s::text[]) AS d, "
-    "unnest(%(keys)s::text[]) AS k WHERE d.doc ? k"
-)
-#: The most common top-level keys and how many items have each.
-FACET_KEYS_SQL = (
-    "SELECT e.key, count(*) AS n FROM themis_items, jsonb_each(doc) AS e "
-    "WHERE jsonb_typeof(doc) = 'object' GROUP BY e.key ORDER BY n DESC, e.key LIMIT %s"
-)
-#: One key's most common scalar values, over the items that have the key.
-FACET_VALUES_SQL = (
-    "SELECT doc -> %s AS v, count(*) AS n FROM themis_items WHERE doc ? %s "
-    "AND jsonb_typeof(doc -> %s) NOT IN ('object', 'array') GROUP BY v ORDER BY n DESC, v "
-    "LIMIT %s"
-)
 #: The index's tables (dropped by ``--rebuild``, counted by ``size_bytes``).
 TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed")
 MIGRATION_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
@@ -90,20 +65,6 @@ _FTS_DDL = [
     ) STORED""",
     "CREATE INDEX IF NOT EXISTS themis_items_lexical ON themis_items USING gin (lexical)",
 ]
-#: Ranked ids of the items holding every word of the query (bound: query, filters, limit), best
-#: first by ``ts_rank_cd``, ties by id. ``{filters}`` is empty or `` AND (...)``. The query's
-#: text is read as the documents are (``/``, ``.``, ``-`` as spaces) and as plain words, all
-#: required, so no operator syntax is interpreted (as in SQLite's quoted FTS5 words).
-LEXICAL_SQL = (
-    "SELECT id FROM themis_items, "
-    "plainto_tsquery('simple', translate(%s, '/.-', '   ')) AS q "
-    "WHERE lexical @@ q{filters} ORDER BY ts_rank_cd(lexical, q) DESC, id LIMIT %s"
-)
-
-#: ``(id, taken, mtime, mtime_ns)`` of the items (``{filters}`` as in ``LEXICAL_SQL``).
-TIMELINE_SQL = (
-    "SELECT id, doc -> 'taken', doc -> 'mtime', mtime_ns FROM themis_items WHERE TRUE{filters}"
-)
 # v2 (photo): ``where`` filters on dates and places by expression index. ``themis_instant``
 # reads an ISO 8601 date or date-time as epoch seconds (no offset: UTC; not a date: NULL). It
 # is immutable in fact (an explicit offset or UTC, never the session's time zone), so it may
@@ -179,28 +140,6 @@ def redact(url: str) -> str:
 
 def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-# A JSON \u0000 escape: preceded by an even number of backslashes (an odd one is a literal).
-_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
-
-
-def jsonb_text(text: str | None) -> str | None:
-    """The ``jsonb`` twin of stored metadata text (U+0000, which jsonb refuses, as U+FFFD)."""
-    if text is None:
-        return None
-    return _NUL_ESCAPE.sub(r"\1\\ufffd", text)
-
-
-def filter_sql(filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
-    """One term per key: ``doc`` contains the pair (the GIN index finds candidates) and the
-    value is equal as JSON (containment alone would let [1, 2] match [1])."""
-    clauses, params = [], []
-    for key, value in validate_filters(filters).items():
-        text = jsonb_text(encode(value))
-        clauses.append("(doc @> %s::jsonb AND doc -> %s = %s::jsonb)")
-        params += [json.dumps({key: json.loads(text or "null")}), key, text]
-    return " AND ".join(clauses), params
 
 
 def ensure_extension(conn: Any, *, where: str, readonly: bool) -> str:
