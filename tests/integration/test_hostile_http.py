@@ -249,12 +249,13 @@ def test_bombs_under_the_cap_cost_one_image_of_memory_however_many_arrive(tmp_pa
                         f"{s.base}/embed/image", content=bomb, timeout=120
                     ).status_code
                 item = {"id": f"bomb-{n}-{i}", "image": b64(bomb)}
-                return httpx.post(
-                    f"{s.base}/index/items", json={"items": [item]}, timeout=120
-                ).status_code
+                r = httpx.post(f"{s.base}/index/items", json={"items": [item]}, timeout=120)
+                return r.status_code if r.status_code == 200 else r.text
+
 
             with ThreadPoolExecutor(n) as pool:
-                assert set(pool.map(one, range(n))) == {200}
+                codes = list(pool.map(one, range(n)))
+            assert set(codes) == {200}, codes
             return hwm_mb(pid) - base
 
         one_embed = burst(1, "embed")
