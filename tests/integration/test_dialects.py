@@ -179,6 +179,27 @@ def test_jina_typed_inputs(server: ServerProcess, model_id: str) -> None:
     body = {"input": [{"text": "a", "image": bare}]}
     r = httpx.post(f"{server.base}/v1/embeddings", json=body, timeout=30)
     assert r.status_code == 422 and "one of text or image" in r.json()["error"]["message"]
+    for item, modality in (({"image": bare}, "text"), ({"text": TEXTS[0]}, "image")):
+        body = {"input": [item], "modality": modality}
+        r = httpx.post(f"{server.base}/v1/embeddings", json=body, timeout=30)
+        assert r.status_code == 422 and "modality" in r.json()["error"]["message"], r.text
+
+
+def test_a_data_url_that_is_not_an_image_is_refused_not_read_as_a_caption(
+    server: ServerProcess,
+) -> None:
+    text_url = "data:text/plain;base64,aGVsbG8="
+    for route, body in (
+        ("/v1/embeddings", {"input": [text_url]}),
+        ("/api/embed", {"model": "tiny-a", "input": [text_url]}),
+        ("/embed", {"inputs": [text_url]}),
+    ):
+        r = httpx.post(f"{server.base}{route}", json=body, timeout=30)
+        assert r.status_code == 415, (route, r.status_code, r.text)
+        assert "text/plain" in r.json()["error"]["message"], (route, r.text)
+    # a caption that merely begins with the word stays a caption
+    r = httpx.post(f"{server.base}/v1/embeddings", json={"input": ["data: a chart"]}, timeout=30)
+    assert r.status_code == 200, r.text
 
 
 def test_scopes_and_limits_apply_to_every_door(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -252,7 +252,6 @@ def test_bombs_under_the_cap_cost_one_image_of_memory_however_many_arrive(tmp_pa
                 r = httpx.post(f"{s.base}/index/items", json={"items": [item]}, timeout=120)
                 return r.status_code if r.status_code == 200 else r.text
 
-
             with ThreadPoolExecutor(n) as pool:
                 codes = list(pool.map(one, range(n)))
             assert set(codes) == {200}, codes

@@ -66,3 +66,12 @@ def test_keyless_networks_match_the_peer_address() -> None:
     assert _peer_in({"client": ("172.18.0.3", 5000)}, ()) is None
     with pytest.raises(ValueError, match="'immich' is not a network"):
         parse_networks(["immich"])
+    # an IPv4-mapped block is its IPv4 block, as peers are compared
+    mapped = parse_networks(["::ffff:127.0.0.1", "::ffff:10.0.0.0/104"])
+    assert _peer_in({"client": ("127.0.0.1", 5000)}, mapped) is not None
+    assert _peer_in({"client": ("::ffff:10.1.2.3", 5000)}, mapped) is not None
+    with pytest.raises(ValueError, match="host bits set; did you mean 10.0.0.0/8"):
+        parse_networks(["10.0.0.1/8"])
+    for everyone in ("0.0.0.0/0", "::/0"):
+        with pytest.raises(ValueError, match="admits every address"):
+            parse_networks([everyone])

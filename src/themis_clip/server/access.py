@@ -125,17 +125,32 @@ def network_routes(routes: Iterable[BaseRoute]) -> list[BaseRoute]:
 
 
 def parse_networks(values: Iterable[str]) -> tuple[Network, ...]:
-    """CIDR blocks (``172.16.0.0/12``, ``fd00::/8``) or single addresses.
+    """CIDR blocks (``172.16.0.0/12``, ``fd00::/8``) or single addresses; an IPv4-mapped IPv6
+    block (``::ffff:10.0.0.0/104``) is its IPv4 block, as peers are compared.
 
     Raises:
-        ValueError: one that is neither, named.
+        ValueError: one that is neither, has host bits set, or admits every address, named.
     """
-    out = []
+    out: list[Network] = []
     for value in values:
+        text = value.strip()
         try:
-            out.append(ipaddress.ip_network(value.strip(), strict=False))
-        except ValueError:
+            network: Network = ipaddress.ip_network(text, strict=True)
+        except ValueError as exc:
+            if "host bits set" in str(exc):
+                loose = ipaddress.ip_network(text, strict=False)
+                raise ValueError(f"{value!r} has host bits set; did you mean {loose}?") from None
             raise ValueError(f"{value!r} is not a network (CIDR) or an address") from None
+        if isinstance(network, ipaddress.IPv6Network):
+            mapped = network.network_address.ipv4_mapped
+            if mapped is not None and network.prefixlen >= 96:
+                network = ipaddress.IPv4Network(f"{mapped}/{network.prefixlen - 96}")
+        if network.prefixlen == 0:
+            raise ValueError(
+                f"{value!r} admits every address; name immich's own network instead "
+                "(e.g. 172.16.0.0/12 for Docker's, or its host's address)"
+            )
+        out.append(network)
     return tuple(out)
 
 

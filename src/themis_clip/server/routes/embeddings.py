@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -121,10 +122,14 @@ async def get_model(model: str, state: StateDep) -> dict[str, Any]:
     return _model_card(state)
 
 
+_DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+[;,]")
+
+
 def is_image_url(value: str) -> bool:
-    """An input that is a ``data:image/...;base64,`` URL is an image, whatever the modality."""
-    head = value[:256].lstrip().lower()  # the header: a MIME type and its parameters
-    return head.startswith("data:image/") and ";base64," in head
+    """A string input that is a data URL (``data:<type>/<subtype>;...,``) is an image, whatever
+    the modality: its decoding refuses a type that is not an image by name (415), where taking
+    it for a caption would embed the URL's characters."""
+    return _DATA_URL.match(value[:256].lstrip().lower()) is not None
 
 
 def _token_arrays() -> APIError:
@@ -191,6 +196,16 @@ def _parts(body: OpenAIEmbeddingsRequest) -> list[Part]:
             parts.append(Part(image=x) if next(is_image) else Part(text=x))
         elif (x.text is None) == (x.image is None):
             raise APIError(422, "ValidationError", f"input[{i}]: give one of text or image")
+        elif body.modality is not None and body.modality != (
+            "text" if x.image is None else "image"
+        ):
+            kind = "text" if x.image is None else "image"
+            raise APIError(
+                422,
+                "ValidationError",
+                f"input[{i}] is {'a' if kind == 'text' else 'an'} {kind} but modality is "
+                f"{body.modality!r} (omit modality with typed inputs: each names its kind)",
+            )
         else:
             parts.append(Part(text=x.text) if x.image is None else Part(image=x.image))
     return parts
