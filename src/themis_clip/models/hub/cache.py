@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
-from themis_clip.files import sha256_of
+from themis_clip.files import file_lock, sha256_of
 from themis_clip.models.catalogue import RepoLayout, find_entry
 from themis_clip.models.hub.source import (
     CachedFile,
@@ -87,11 +87,9 @@ def write_record(storage: Path, commit: str, record: dict[str, Any]) -> None:
 
 @contextmanager
 def repo_lock(repo: str, cache_dir: str | Path | None) -> Iterator[None]:
-    from filelock import FileLock
-
-    lock = cache_root(cache_dir) / ".locks" / "themis" / ("models--" + repo.replace("/", "--"))
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock) + ".lock"):
+    """Hold the cache's lock on ``repo``: one process at a time pulls or removes it."""
+    name = "models--" + repo.replace("/", "--") + ".lock"
+    with file_lock(cache_root(cache_dir) / ".locks" / "themis" / name):
         yield
 
 
