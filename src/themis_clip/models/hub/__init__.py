@@ -26,8 +26,8 @@ after) must be hex digests.
 
 ``source`` classifies strings, checks listing entries and knows each layout's allow-list;
 ``cache`` owns the local cache, the records and the lock (``files.file_lock``); ``pull`` is the
-home of ``huggingface_hub`` and exports a PyTorch checkpoint by running ``themis-clip export`` in a child
-process with a memory and time limit, after checking its config against its weights
+home of ``huggingface_hub`` and exports a PyTorch checkpoint by running ``themis-clip export`` in
+a child process with a memory and time limit, after checking its config against its weights
 (:mod:`themis_clip.models.checkpoint`); it never imports the exporter.
 """
 
