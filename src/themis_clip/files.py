@@ -21,6 +21,7 @@ __all__ = [
     "file_lock",
     "open_regular",
     "pair_companions",
+    "resolves_outside",
     "sha256_of",
     "walk_images",
 ]
@@ -151,6 +152,20 @@ def _inside(path: Path, root: Path) -> bool:
         return path.resolve().is_relative_to(root)
     except (OSError, RuntimeError):  # a loop of links, a dangling one
         return False
+
+
+def resolves_outside(path: Path, *roots: Path) -> Path | None:
+    """Where ``path`` leads once links are resolved, if that is inside none of ``roots``.
+
+    Returns None when it stays inside one; a loop of links counts as outside (``path`` itself).
+    The check a reader makes before trusting a file a folder hands it: a link can lead anywhere.
+    """
+    try:
+        target = path.resolve()
+        bases = [r.resolve() for r in roots]
+    except (OSError, RuntimeError):  # a loop of links
+        return path
+    return None if any(target.is_relative_to(b) for b in bases) else target
 
 
 def _walked(path: Path, root: Path, seen: set[tuple[int, int]]) -> str | None:
