@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
-from themis_clip.files import file_lock, sha256_of
+from themis_clip.files import file_lock, resolves_outside, sha256_of
 from themis_clip.models.catalogue import RepoLayout, find_entry
 from themis_clip.models.hub.source import (
     CachedFile,
@@ -210,6 +210,9 @@ def verify_cached(
 ) -> list[CachedFile]:
     """Re-hash every recorded file of a cached model against its recorded digest.
 
+    A file must also stay inside its repo's cache folder once links are resolved (a snapshot's
+    files are links into its ``blobs``): a link out of it is refused unread.
+
     Raises:
         ModelNotFoundError: nothing cached for this model.
     """
@@ -217,11 +220,24 @@ def verify_cached(
     if info is None:
         raise ModelNotFoundError(f"model {text!r} is not in the cache")
     snapshot = Path(info["path"])
+    storage = snapshot.parent.parent
     out = []
     for f in info["files"]:
         path = snapshot / f.path
-        ok = path.is_file() and sha256_of(path) == f.sha256
-        out.append(CachedFile(path=f.path, size=f.size, sha256=f.sha256, ok=ok))
+        target = resolves_outside(path, snapshot, storage / "blobs")
+        if target is not None:
+            problem: str | None = f"a link out of the cache (to {target})"
+        elif not path.is_file():
+            problem = "missing"
+        elif sha256_of(path) != f.sha256:
+            problem = "differs from its verified digest"
+        else:
+            problem = None
+        out.append(
+            CachedFile(
+                path=f.path, size=f.size, sha256=f.sha256, ok=problem is None, problem=problem
+            )
+        )
     return out
 
 
