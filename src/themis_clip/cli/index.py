@@ -121,7 +121,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 def _locked_index(args: argparse.Namespace, folder: Path, lock: Path) -> int:
     with ExitStack() as held:
-        if not is_url(args.index):
+        if is_url(args.index):
+            from themis_clip.index.stores.postgres import writer_lock
+
+            held.enter_context(writer_lock(args.index))
+        else:
             # One writer per index file: a second run would embed every new file again beside
             # the first (and, on a new index, race it for the schema).
             try:
