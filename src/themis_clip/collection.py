@@ -350,6 +350,11 @@ class Collection:
         if Path(value).is_file():
             return cls._embed(plugin, None, value)
         if "/" in value or "\\" in value or Path(value).suffix.lower() in IMAGE_SUFFIXES:
+            if Path(value).is_dir():
+                raise InputError(
+                    f"{value} is a folder, not an image file: an added or subtracted part is "
+                    "one image file or a text"
+                )
             raise InputError(f"no image file {value} (an added or subtracted text has no path)")
         return cls._embed(plugin, value, None)
 
