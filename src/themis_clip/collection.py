@@ -290,7 +290,7 @@ class Collection:
         k: int = 100,
         filters: dict[str, Any] | None = None,
         where: Where | None = None,
-        sort: str = "-taken",
+        sort: str = "score",
     ) -> Matches:
         """:func:`browse` of this collection's index (no model needed)."""
         return browse(self.index, k=k, filters=filters, where=where, sort=sort)
@@ -365,11 +365,12 @@ def browse(
     k: int = 100,
     filters: dict[str, Any] | None = None,
     where: Where | None = None,
-    sort: str = "-taken",
+    sort: str = "score",
 ) -> Matches:
     """The items of ``index`` that match ``filters`` and ``where`` (no query), in ``sort``
-    order: ``-taken`` (newest first, the default; ``score`` means the same), ``taken`` (oldest
-    first), ``mtime`` (newest file first) or ``name``."""
+    order: ``score`` (the default: the library newest first, by capture time, else file time),
+    ``-taken`` / ``taken`` (capture time newest / oldest first; items without one last in
+    both), ``mtime`` (newest file first) or ``name``."""
     page = search_page(
         index,
         mode=QueryMode.BROWSE,
@@ -377,7 +378,7 @@ def browse(
         identity={},
         filters=filters,
         where=where,
-        order="-taken" if sort == "score" else sort,
+        order="newest" if sort == "score" else sort,
     )
     return Matches(hits=page.hits)
 

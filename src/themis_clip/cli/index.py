@@ -90,8 +90,9 @@ def register(sub: Any) -> None:
         "--sort",
         choices=SORTS,
         default="score",
-        help="order of the results: score (default), taken / -taken (capture time, oldest / "
-        "newest first), mtime (newest file first), name",
+        help="order of the results: score (default; with no query, newest first), taken / "
+        "-taken (capture time, oldest / newest first; photos without one last in both), mtime "
+        "(newest file first), name",
     )
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
     p.add_argument(

@@ -161,7 +161,7 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
             # "more like this": the items the query is made of are no answer
             exclude=frozenset(p.item for p in parts if p.item is not None and p.weight > 0),
             where=body.where,
-            order="-taken" if body.sort == "score" else body.sort,
+            order="newest" if body.sort == "score" else body.sort,
         )
         return page.hits, page.next, idx.mode, space
 
