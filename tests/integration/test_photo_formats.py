@@ -79,6 +79,7 @@ def write_dng_sized(path: Path, width: int, height: int) -> None:
         (Tag.AsShotNeutral, [[1, 1], [1, 1], [1, 1]]),
         (Tag.Make, "Testcam"),
         (Tag.Model, "RAW-1"),
+        (Tag.DateTimeOriginal, "2019:03:04 05:06:07"),  # in the first directory, as DNGs do
         (Tag.DNGVersion, DNGVersion.V1_4),
         (Tag.DNGBackwardVersion, DNGVersion.V1_2),
     ):
@@ -124,7 +125,11 @@ def test_a_camera_raw_decodes_through_libraw_and_names_its_camera(
     blue = plugin.generate_embedding(np.full((24, 32, 3), (30, 60, 200), dtype=np.uint8))
     assert np.dot(result.embedding, red.embedding) > np.dot(result.embedding, blue.embedding)
     assert plugin.generate_embedding(dng.read_bytes()).ok  # bytes too (HTTP uploads)
-    assert read_exif(dng)["camera"] == {"make": "Testcam", "model": "RAW-1"}
+    meta = read_exif(dng)
+    assert meta["camera"] == {"make": "Testcam", "model": "RAW-1"}
+    # the date and the size were not read: Pillow cannot open a DNG's sensor directory
+    assert meta["taken"] == "2019-03-04T05:06:07"
+    assert (meta["width"], meta["height"]) == (64, 48)
 
 
 def test_pairs_are_one_item_and_every_format_is_indexed(tmp_path: Path) -> None:

@@ -2,13 +2,15 @@
 
 Keys (absent when the photo does not say; never guessed):
 
-- ``taken``: ISO 8601 from ``DateTimeOriginal`` (``DateTime`` is when the file was last
-  written, not taken: not used), with ``OffsetTimeOriginal`` when present
+- ``taken``: ISO 8601 from ``DateTimeOriginal`` (in the EXIF directory, else the first one,
+  where DNG and TIFF/EP files may keep it; ``DateTime`` is when the file was last written,
+  not taken: not used), with ``OffsetTimeOriginal`` when present
   (``"2023-07-14T18:03:11+02:00"``), else without an offset;
 - ``camera``: ``{"make", "model"}`` (either may be absent);
 - ``gps``: ``{"lat", "lon"}`` in signed decimal degrees (south and west negative), with
   ``alt`` in metres (below sea level negative) when present;
-- ``width``, ``height``: the pixel size after the EXIF orientation is applied (5-8 swap).
+- ``width``, ``height``: the pixel size after the EXIF orientation is applied (5-8 swap); for
+  a camera RAW, the size LibRaw decodes its sensor to (read from its header).
 
 Pillow reads only the header (no pixels are decoded). A file whose EXIF is corrupt gives what
 could be read, and never an error (nor Pillow's warning on stderr): metadata is a bonus, not a
@@ -29,7 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from themis_clip.files import open_regular
+from themis_clip.files import RAW_SUFFIXES, open_regular
+from themis_clip.preprocess.raw import raw_size
 
 __all__ = ["prepare_pillow", "read_exif"]
 
@@ -56,14 +59,21 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
         fp = io.BytesIO(source) if isinstance(source, bytes) else open_regular(source)
     except OSError:
         return {}
+    named_raw = not isinstance(source, bytes) and Path(source).suffix.lower() in RAW_SUFFIXES
     try:
         with fp:
             prepare_pillow()
             try:
-                return _open_and_read(Image, fp)
+                out = _open_and_read(Image, fp)
             except UnidentifiedImageError:
                 fp.seek(0)
-                return _raw_exif(Image, fp.read(_RAW_HEAD))
+                out = _raw_exif(Image, fp.read(_RAW_HEAD))
+                named_raw = True  # or a RAW by its content: LibRaw says
+        if named_raw:  # Pillow sees a RAW's small first directory, or nothing: LibRaw's size
+            size = raw_size(source)
+            if size is not None:
+                out["width"], out["height"] = size
+        return out
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         log.debug("no EXIF read: %s", exc)
         return {}
@@ -151,6 +161,8 @@ def _text(value: Any) -> str | None:
 
 def _taken(exif: Any) -> str | None:
     ifd = exif.get_ifd(_EXIF_IFD)
+    if _DATETIME_ORIGINAL not in ifd:
+        ifd = exif  # DNG and TIFF/EP may keep it in the first directory
     stamp = _text(ifd.get(_DATETIME_ORIGINAL))
     match = _STAMP.fullmatch(stamp or "")
     if match is None:
