@@ -53,7 +53,7 @@ __all__ = ["METADATA_VERSION", "SORTS", "Collection", "Matches", "Query", "brows
 log = logging.getLogger(__name__)
 
 #: What a folder index records of each file beyond its vector (bump to re-read it).
-METADATA_VERSION = "files+exif+companions-2"
+METADATA_VERSION = "files+exif+companions-3"
 
 _Vector = npt.NDArray[np.float32]
 

@@ -111,7 +111,7 @@ def file_metadata(
 
 
 def _with_companions(
-    read: MetadataReader | None, companions: Mapping[Path, Mapping[str, str]]
+    read: MetadataReader | None, companions: Mapping[Path, Mapping[str, Any]]
 ) -> MetadataReader:
     """``read`` and the files recorded beside each embedded one (its RAW, its Live video)."""
 
