@@ -198,3 +198,24 @@ def test_without_rawpy_a_raw_file_names_the_extra(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "themis-onnx-clip[photos]" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_damaged_jpeg_is_stood_in_for_by_its_raw(tmp_path: Path) -> None:
+    # The JPEG of a RAW+JPEG pair hid the RAW: a damaged JPEG left the photo out entirely.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "IMG_0001.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    write_dng(photos / "IMG_0001.dng")
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(tmp_path / "i.db", config) as collection:
+        report = collection.index_folder(photos)
+        assert report.added == 1, report
+        assert [Path(p).name for p, _ in report.failed] == ["IMG_0001.jpg"]
+        assert "its RAW IMG_0001.dng is indexed instead" in report.failed[0][1]
+        again = collection.index_folder(photos)  # the next run keeps it, embeds nothing
+        assert (again.added, again.unchanged, again.removed) == (0, 1, 0), again
+        items = collection.index.store.items_under(str(photos.resolve()))
+        assert [Path(i.path or "").name for i in items.values()] == ["IMG_0001.dng"]
+        scene().save(photos / "IMG_0001.jpg", quality=90)  # repaired: the JPEG is the item
+        fixed = collection.index_folder(photos)
+        assert (fixed.added, fixed.removed, fixed.failed) == (1, 1, []), fixed
