@@ -147,6 +147,7 @@ def test_pairs_are_one_item_and_every_format_is_indexed(tmp_path: Path) -> None:
     with Collection.open(tmp_path / "i.db", config) as collection:
         report = collection.index_folder(photos)
         assert report.added == 5 and not report.failed, report
+        assert report.merged == 2  # IMG_0001.dng beside its JPEG, IMG_0003.MOV beside its HEIC
         items = {
             Path(i.path or "").name: i.metadata or {}
             for i in collection.index.store.items_under(str(photos.resolve())).values()
@@ -209,7 +210,7 @@ def test_a_damaged_jpeg_is_stood_in_for_by_its_raw(tmp_path: Path) -> None:
     config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
     with Collection.open(tmp_path / "i.db", config) as collection:
         report = collection.index_folder(photos)
-        assert report.added == 1, report
+        assert report.added == 1 and report.merged == 0, report
         assert [Path(p).name for p, _ in report.failed] == ["IMG_0001.jpg"]
         assert "its RAW IMG_0001.dng is indexed instead" in report.failed[0][1]
         again = collection.index_folder(photos)  # the next run keeps it, embeds nothing

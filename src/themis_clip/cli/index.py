@@ -187,6 +187,8 @@ def _print_report(report: IndexReport, index_path: str) -> None:
     )
     for path, error in report.failed:
         print(f"  skipped {shown(path)}: {shown(error)}")
+    if report.merged:
+        print(f"  merged: {report.merged} RAW or Live video file(s) recorded beside their photo")
     if report.skipped:
         reasons = ", ".join(f"{shown(r)} {n}" for r, n in sorted(report.skipped.items()))
         print(f"  not walked: {sum(report.skipped.values())} ({reasons})")

@@ -66,6 +66,7 @@ class IndexReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> files or folders
+    merged: int = 0  # RAW and Live video files recorded beside their photo, not embedded
 
     @property
     def embedded(self) -> int:
@@ -210,6 +211,7 @@ def _index_stand_ins(
             continue
         key = str(raw)
         seen.add(key)
+        report.merged -= 1  # an item of its own now
         item = known.get(key)
         if item is not None and (item.size, item.mtime_ns) == (st.st_size, st.st_mtime_ns):
             report.unchanged += 1
@@ -280,9 +282,10 @@ def index_folder(
     seen: set[str] = set()
     unchanged: list[StoredItem] = []
     todo: list[tuple[Path, os.stat_result, str | None]] = []
-    walked, companions = pair_companions(
-        walk_images(folder, exclude=exclude, skipped=report.skipped)
-    )
+    files = walk_images(folder, exclude=exclude, skipped=report.skipped)
+    walked, companions = pair_companions(files)
+    videos = sum(1 for m in companions.values() if "live_video" in m)
+    report.merged = len(files) - len(walked) + videos
     if companions:
         metadata = _with_companions(metadata, companions)
     # A still that cannot be read is stood in for by its RAW (embedded on its own instead)
