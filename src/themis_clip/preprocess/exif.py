@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from themis_clip.files import RAW_SUFFIXES, open_regular
+from themis_clip.preprocess.containers import jxl_size
 from themis_clip.preprocess.raw import raw_size
+from themis_clip.vocabulary import DEFAULT_MAX_IMAGE_PIXELS
 
 __all__ = ["prepare_pillow", "read_exif"]
 
@@ -63,6 +65,12 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
     try:
         with fp:
             prepare_pillow()
+            declared = jxl_size(fp.read(_JXL_HEAD))
+            fp.seek(0)
+            if declared is not None and declared[0] * declared[1] > DEFAULT_MAX_IMAGE_PIXELS:
+                # Pillow's JPEG XL plugin decodes every pixel to open the file: not for this
+                # size (the decoder refuses it too); the header's size is all we say
+                return {"width": declared[0], "height": declared[1]}
             try:
                 out = _open_and_read(Image, fp)
             except UnidentifiedImageError:
@@ -83,6 +91,8 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
 # their EXIF is in the first megabytes, readable as a TIFF directory even where Pillow cannot
 # open the picture.
 _RAW_HEAD = 16 << 20
+#: where a JPEG XL container's codestream starts, at the latest, for its size to be read
+_JXL_HEAD = 1 << 20
 _TIFF_LIKE = {b"II*\x00": b"II*\x00", b"MM\x00*": b"MM\x00*", b"IIRO": b"II*\x00"}
 _TIFF_LIKE |= {b"IIRS": b"II*\x00", b"IIU\x00": b"II*\x00", b"MMOR": b"MM\x00*"}
 

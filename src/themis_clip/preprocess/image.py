@@ -47,6 +47,7 @@ from themis_clip.preprocess.containers import (
     check_container,
     check_raw_data_fits,
     count_jpeg_scans,
+    jxl_size,
     mapped,
     max_jpeg_scans,
 )
@@ -348,8 +349,13 @@ def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     The stored size, before any EXIF orientation is applied.
     """
     try:
-        with open_regular(path) as fp, _open(fp, str(path)) as img:
-            width, height = img.size
+        with open_regular(path) as fp:
+            declared = jxl_size(fp.read(1 << 20))  # its plugin decodes all to open: not read
+            if declared is not None:
+                return declared
+            fp.seek(0)
+            with _open(fp, str(path)) as img:
+                width, height = img.size
     except (InputError, OSError):
         return None
     return int(width), int(height)
