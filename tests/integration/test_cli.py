@@ -108,6 +108,9 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n  'a ") == 4  # four text queries, each with results
     assert len(list((tmp_path / "g").glob("*.jpg"))) == 6
+    again = run("demo", "--count", "6", "--gallery", str(tmp_path / "g"))
+    # a second run said "0 images indexed" beside an index of 6
+    assert "6 images in the index (0 embedded this run)" in again.stdout, again.stdout
 
 
 def test_index_gives_the_plugins_vectors_to_the_bit_across_chunks(
