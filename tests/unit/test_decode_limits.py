@@ -25,7 +25,7 @@ from themis_clip.models.spec import ImageSpec
 from themis_clip.preprocess.containers import count_jpeg_scans, max_jpeg_scans
 from themis_clip.preprocess.deadline import DeadlineReader
 from themis_clip.preprocess.depth import to_8bit
-from themis_clip.preprocess.image import ImagePreprocessor, decode_image
+from themis_clip.preprocess.image import ImagePreprocessor, decode_image, image_dimensions
 
 
 def test_jpeg_scans_are_counted_and_capped_by_work(tmp_path: Path) -> None:
@@ -130,6 +130,7 @@ def test_a_jpeg_xl_header_declaring_a_bomb_is_refused_before_decoding(tmp_path: 
     with pytest.raises(ImageTooLargeError, match="20000x20000"):
         decode_image(tmp_path / "bomb.jxl")
     assert read_exif(tmp_path / "bomb.jxl") == {"width": 20000, "height": 20000}
+    assert image_dimensions(tmp_path / "bomb.jxl") == (20000, 20000)  # from the header
     # a refusal of a mapped file closes its map (a view left alive was a BufferError)
     (tmp_path / "bomb.ico").write_bytes(ico_with_png(png_of_zero_rows(5000, 5000, colour=2)))
     with pytest.raises(ImageDecodeError, match="5000x5000"):

@@ -37,6 +37,7 @@ __all__ = [
     "check_container",
     "check_raw_data_fits",
     "count_jpeg_scans",
+    "is_jxl",
     "jxl_size",
     "mapped",
     "max_jpeg_scans",
@@ -101,6 +102,11 @@ def _sniff(head: bytes) -> str | None:
 _JXL_BOX = b"\x00\x00\x00\x0cJXL \x0d\x0a\x87\x0a"
 #: SizeHeader's aspect ratios (code 1-7): width = height * num // den
 _JXL_RATIOS = {1: (1, 1), 2: (12, 10), 3: (4, 3), 4: (3, 2), 5: (16, 9), 6: (5, 4), 7: (2, 1)}
+
+
+def is_jxl(head: bytes) -> bool:
+    """Whether a file's first 12 bytes are a JPEG XL codestream's or container's."""
+    return head[:2] == b"\xff\x0a" or head[:12] == _JXL_BOX
 
 
 def jxl_size(data: Any) -> tuple[int, int] | None:

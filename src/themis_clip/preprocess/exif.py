@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from themis_clip.files import RAW_SUFFIXES, open_regular
-from themis_clip.preprocess.containers import jxl_size
+from themis_clip.preprocess.containers import is_jxl, jxl_size
 from themis_clip.preprocess.raw import raw_size
 from themis_clip.vocabulary import DEFAULT_MAX_IMAGE_PIXELS
 
@@ -65,7 +65,9 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
     try:
         with fp:
             prepare_pillow()
-            declared = jxl_size(fp.read(_JXL_HEAD))
+            jxl = is_jxl(fp.read(12))
+            fp.seek(0)
+            declared = jxl_size(fp.read(_JXL_HEAD)) if jxl else None
             fp.seek(0)
             if declared is not None and declared[0] * declared[1] > DEFAULT_MAX_IMAGE_PIXELS:
                 # Pillow's JPEG XL plugin decodes every pixel to open the file: not for this

@@ -47,6 +47,7 @@ from themis_clip.preprocess.containers import (
     check_container,
     check_raw_data_fits,
     count_jpeg_scans,
+    is_jxl,
     jxl_size,
     mapped,
     max_jpeg_scans,
@@ -350,9 +351,9 @@ def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """
     try:
         with open_regular(path) as fp:
-            declared = jxl_size(fp.read(1 << 20))  # its plugin decodes all to open: not read
-            if declared is not None:
-                return declared
+            if is_jxl(fp.read(12)):  # its plugin decodes every pixel to open it: not opened
+                fp.seek(0)
+                return jxl_size(fp.read(1 << 20))
             fp.seek(0)
             with _open(fp, str(path)) as img:
                 width, height = img.size
