@@ -211,22 +211,26 @@ def new_key(keys: Path, scope: str, name: str) -> str:
 
 
 #: a text that drives :data:`BACKTRACKING_SPLIT` into onig's retry limit (a Rust panic)
-HOSTILE_TEXT = "a" * 40 + "!"
-#: a pre-tokenizer pattern that matches plain text at once and backtracks catastrophically
-#: on :data:`HOSTILE_TEXT`
-BACKTRACKING_SPLIT = r"(\w+\s?)+$"
+HOSTILE_TEXT = "§" + "a" * 40 + "!"
+#: a pre-tokenizer pattern that matches plain text at once (the load's probes pass) and
+#: backtracks catastrophically on :data:`HOSTILE_TEXT`
+BACKTRACKING_SPLIT = r"[^§]+|§(\w+\s?)+$"
+#: a pattern that backtracks catastrophically on plain text (``aaaa…!``): refused at load
+PATHOLOGICAL_SPLIT = r"(\w+\s?)+$"
 
 
-def hostile_tokenizer_model(model_dir: Path, dst: Path) -> Path:
-    """A copy of ``model_dir`` whose ``tokenizer.json`` splits with :data:`BACKTRACKING_SPLIT`
-    (its manifest re-hashed, so it loads as an honest model would)."""
+def hostile_tokenizer_model(
+    model_dir: Path, dst: Path, *, pattern: str = BACKTRACKING_SPLIT
+) -> Path:
+    """A copy of ``model_dir`` whose ``tokenizer.json`` splits with ``pattern`` (its manifest
+    re-hashed, so it loads as an honest model would)."""
     import hashlib
     import json
     import shutil
 
     shutil.copytree(model_dir, dst)
     tokenizer = json.loads((dst / "tokenizer.json").read_text())
-    tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": BACKTRACKING_SPLIT}
+    tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {"Regex": pattern}
     data = json.dumps(tokenizer).encode()
     (dst / "tokenizer.json").write_bytes(data)
     manifest = json.loads((dst / "manifest.json").read_text())

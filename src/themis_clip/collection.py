@@ -62,7 +62,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: What a folder index records of each file beyond its vector (bump to re-read it).
-METADATA_VERSION = "files+exif+companions-2"
+METADATA_VERSION = "files+exif+companions-3"
 
 _Vector = npt.NDArray[np.float32]
 
@@ -283,7 +283,7 @@ class Collection:
         k: int = 100,
         filters: dict[str, Any] | None = None,
         where: Where | None = None,
-        sort: str = "-taken",
+        sort: str = "score",
     ) -> Matches:
         """:func:`browse` of this collection's index (no model needed)."""
         return browse(self.index, k=k, filters=filters, where=where, sort=sort)
@@ -341,6 +341,11 @@ class Collection:
         if Path(value).is_file():
             return cls._embed(plugin, None, value)
         if "/" in value or "\\" in value or Path(value).suffix.lower() in IMAGE_SUFFIXES:
+            if Path(value).is_dir():
+                raise InputError(
+                    f"{value} is a folder, not an image file: an added or subtracted part is "
+                    "one image file or a text"
+                )
             raise InputError(f"no image file {value} (an added or subtracted text has no path)")
         return cls._embed(plugin, value, None)
 
@@ -351,18 +356,19 @@ def browse(
     k: int = 100,
     filters: dict[str, Any] | None = None,
     where: Where | None = None,
-    sort: str = "-taken",
+    sort: str = "score",
 ) -> Matches:
     """The items of ``index`` that match ``filters`` and ``where`` (no query), in ``sort``
-    order: ``-taken`` (newest first, the default; ``score`` means the same), ``taken`` (oldest
-    first), ``mtime`` (newest file first) or ``name``."""
+    order: ``score`` (the default: the library newest first, by capture time, else file time),
+    ``-taken`` / ``taken`` (capture time newest / oldest first; items without one last in
+    both), ``mtime`` (newest file first) or ``name``."""
     page = search_page(
         index,
         mode=QueryMode.BROWSE,
         k=k,
         identity={},
         where=with_filters(filters, where),
-        order="-taken" if sort == "score" else sort,
+        order="newest" if sort == "score" else sort,
     )
     return Matches(hits=page.hits)
 

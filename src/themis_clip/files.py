@@ -8,19 +8,22 @@ import hashlib
 import os
 import stat
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
+    "COMPANION_KEYS",
     "IMAGE_SUFFIXES",
     "JUNK",
     "RAW_SUFFIXES",
     "NotARegularFileError",
+    "companion_paths",
     "file_lock",
     "open_regular",
     "pair_companions",
+    "resolves_outside",
     "sha256_of",
     "walk_images",
 ]
@@ -98,22 +101,43 @@ def walk_images(
     return sorted(out)
 
 
-def pair_companions(paths: Sequence[Path]) -> tuple[list[Path], dict[Path, dict[str, str]]]:
+#: The metadata keys naming an item's companion files (in its folder).
+COMPANION_KEYS = ("raw", "raws", "live_video")
+
+
+def companion_paths(path: Path, metadata: Mapping[str, object]) -> list[Path]:
+    """The files recorded beside the item at ``path`` (:func:`pair_companions`' keys)."""
+    names: list[object] = []
+    for key in COMPANION_KEYS:
+        value = metadata.get(key)
+        names += value if isinstance(value, list) else [value]
+    return [
+        path.parent / n for n in dict.fromkeys(names) if isinstance(n, str) and n and "/" not in n
+    ]
+
+
+def pair_companions(
+    paths: Sequence[Path],
+) -> tuple[list[Path], dict[Path, dict[str, str | list[str]]]]:
     """One photo, several files: a RAW beside a JPEG (or HEIC, ...) of the same name is one
-    item, the other file embedded and the RAW named beside it (``raw``); an iPhone Live
+    item, the other file embedded and the RAW named beside it (``raw``; where there are
+    several, ``raw`` is the first by name and ``raws`` lists them all); an iPhone Live
     Photo's still beside its ``.MOV`` names the video (``live_video``). Returns the files to
     embed and, for each that has some, its companions."""
     groups: dict[tuple[Path, str], list[Path]] = {}
     for path in paths:
         groups.setdefault((path.parent, path.stem.lower()), []).append(path)
     kept: list[Path] = []
-    extra: dict[Path, dict[str, str]] = {}
+    extra: dict[Path, dict[str, str | list[str]]] = {}
     for group in groups.values():
         raws = [p for p in group if p.suffix.lower() in RAW_SUFFIXES]
         stills = [p for p in group if p.suffix.lower() not in RAW_SUFFIXES]
         if raws and stills:
+            raws.sort(key=lambda p: p.name)
             for still in stills:
                 extra[still] = {"raw": raws[0].name}
+                if len(raws) > 1:
+                    extra[still]["raws"] = [p.name for p in raws]
             group = stills
         kept += group
         for still in group:
@@ -151,6 +175,20 @@ def _inside(path: Path, root: Path) -> bool:
         return path.resolve().is_relative_to(root)
     except (OSError, RuntimeError):  # a loop of links, a dangling one
         return False
+
+
+def resolves_outside(path: Path, *roots: Path) -> Path | None:
+    """Where ``path`` leads once links are resolved, if that is inside none of ``roots``.
+
+    Returns None when it stays inside one; a loop of links counts as outside (``path`` itself).
+    The check a reader makes before trusting a file a folder hands it: a link can lead anywhere.
+    """
+    try:
+        target = path.resolve()
+        bases = [r.resolve() for r in roots]
+    except (OSError, RuntimeError):  # a loop of links
+        return path
+    return None if any(target.is_relative_to(b) for b in bases) else target
 
 
 def _walked(path: Path, root: Path, seen: set[tuple[int, int]]) -> str | None:

@@ -117,6 +117,25 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n  'a ") == 4  # four text queries, each with results
     assert len(list((tmp_path / "g").glob("*.jpg"))) == 6
+    again = run("demo", "--count", "6", "--gallery", str(tmp_path / "g"))
+    # a second run said "0 images indexed" beside an index of 6
+    assert "6 images in the index (0 embedded this run)" in again.stdout, again.stdout
+
+
+def test_search_says_when_a_filter_left_nothing_and_what_hybrid_scores_are(
+    tmp_path: Path,
+) -> None:
+    # A date filter on undated photos answered "no photo matches this query" (the cut's words);
+    # hybrid scores of 0.016 came with no word of what they are.
+    gallery, index = tmp_path / "g", str(tmp_path / "g.db")
+    assert run("demo", "--count", "6", "--gallery", str(gallery), "--index", index).returncode == 0
+    where = '{"taken": {"$gte": "2023-07-01"}}'
+    out = run("search", "a red circle", "--index", index, "--where", where)
+    assert out.returncode == 0 and "(no results)" in out.stdout, out.stderr
+    assert "no item matches --filter / --where" in out.stderr, out.stderr
+    assert "no photo matches" not in out.stderr
+    hybrid = run("search", "a red circle", "--index", index, "--hybrid")
+    assert "about 0.016 is a first place" in hybrid.stderr, hybrid.stderr
 
 
 def test_index_gives_the_plugins_vectors_to_the_bit_across_chunks(

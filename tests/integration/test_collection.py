@@ -57,6 +57,8 @@ def test_a_library_user_gets_exif_dates_and_the_clis_queries(
         assert len(minus_image) == 6
         with pytest.raises(InputError, match="no image file missing/x.jpg"):
             collection.query_vector(Query(text="a photo", add=["missing/x.jpg"]))
+        with pytest.raises(InputError, match="is a folder, not an image file"):
+            collection.query_vector(Query(text="a photo", subtract=[str(photos / "2019")]))
         assert collection.search("2023", k=3, hybrid=True)  # fused ranks: not cut
         with pytest.raises(InputError, match="hybrid"):
             collection.search(Query(image=str(probe)), hybrid=True)

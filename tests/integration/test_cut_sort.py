@@ -205,3 +205,36 @@ def test_found_in_the_tryout(gallery: tuple[Path, dict[str, object]], tmp_path: 
         assert browse.status_code == 200, browse.text
         names = [Path(h["path"]).name for h in browse.json()["results"]]
         assert names == sorted(names) and names
+
+
+def test_a_sorted_search_is_sorted_across_its_pages(
+    gallery: tuple[Path, dict[str, object]], tmp_path: Path
+) -> None:
+    # Each page used to be sorted alone: page two could hold photos older than page one's.
+    from fastapi.testclient import TestClient
+
+    from themis_clip.server.app import create_app
+    from themis_clip.server.settings import ServerSettings
+
+    root, _ = gallery
+    location = str(tmp_path / "i.db")
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(location, config) as photos:
+        photos.index_folder(root / "g")
+    with TestClient(create_app(ServerSettings(plugin_config=config, index_path=location))) as c:
+        for sort in ("taken", "-taken"):
+            body = {"text": "a red circle", "k": 25, "cut": "none", "sort": sort}
+            keys: list[str] = []
+            taken: list[str] = []
+            cursor = None
+            while True:
+                page = c.post("/search", json={**body, "cursor": cursor}).json()
+                keys += [h["id"] for h in page["results"]]
+                taken += [h["metadata"]["taken"] for h in page["results"]]
+                cursor = page["next"]
+                if cursor is None:
+                    break
+            assert len(keys) == len(set(keys)) == 120  # every match once, none repeated
+            assert taken == sorted(taken, reverse=sort == "-taken")
+        wrong = c.post("/search", json={**body, "sort": "name", "cursor": page["next"] or "x"})
+        assert wrong.status_code == 422

@@ -324,3 +324,13 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").is_file()
+
+
+def test_the_set_up_installs_what_the_readmes_next_commands_need() -> None:
+    # The README sends a new user from `bash scripts/demo.sh` to `themis-clip serve`: demo.sh
+    # installed only the photos extra, and serve said hypercorn was missing.
+    readme = (ROOT / "README.md").read_text("utf-8")
+    demo = (ROOT / "scripts" / "demo.sh").read_text("utf-8")
+    extras = set(re.search(r'EXTRAS="\[([^\]]*)\]"', demo)[1].split(","))  # type: ignore[index]
+    assert "themis-clip serve --index .cache/demo-index.db" in readme
+    assert {"server", "photos"} <= extras

@@ -257,3 +257,48 @@ def test_an_undated_copy_does_not_chain_shots_taken_days_apart(tmp_path: Path) -
         groups = find_duplicates(index, threshold=0.99)
     assert all({"monday", "friday"} - {i["key"] for i in g.items} for g in groups), groups
     assert main(["duplicates", "--index", str(tmp_path / "i.db"), "--window-s=nan"]) == 2
+
+
+def test_print0_lists_a_non_keepers_raw_and_live_video_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Only the embedded JPEG or HEIC was listed: deleting by the list left its RAW and its
+    # video behind. A companion the keeper shares (two stills of one stem) stays off the list.
+    rng = np.random.default_rng(7)
+    base = rng.normal(size=DIM).astype(np.float32)
+    big, small = tmp_path / "big", tmp_path / "small"
+    meta = {
+        big / "IMG_1.jpg": {"width": 4000, "height": 3000, "raw": "IMG_1.dng"},
+        small / "IMG_1.jpg": {
+            "width": 800,
+            "height": 600,
+            "raw": "IMG_1.cr2",
+            "raws": ["IMG_1.cr2", "IMG_1.dng"],
+            "live_video": "IMG_1.MOV",
+        },
+        big / "IMG_1.jpeg": {"width": 10, "height": 10, "raw": "IMG_1.dng"},  # shares it
+    }
+    rows = [
+        ItemRow(
+            key=str(p),
+            path=str(p),
+            vector=base + 1e-4 * rng.normal(size=DIM).astype(np.float32),
+            metadata=m,
+        )
+        for p, m in meta.items()
+    ]
+    with VectorIndex(str(tmp_path / "i.db")) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(rows, dim=DIM)
+    assert main(["duplicates", "--index", str(tmp_path / "i.db"), "--print0"]) == 0
+    listed = capsys.readouterr().out.split("\0")[:-1]
+    assert sorted(listed) == sorted(
+        str(p)
+        for p in (
+            small / "IMG_1.jpg",
+            small / "IMG_1.cr2",
+            small / "IMG_1.dng",
+            small / "IMG_1.MOV",
+            big / "IMG_1.jpeg",
+        )
+    )

@@ -78,6 +78,11 @@ def test_file_answers_with_path_like_headers_are_refused(
         ({"path": "big.onnx", "size": 10**13}, "size we refuse"),
         ({"path": "neg.json", "size": -1}, "size we refuse"),
         ({"path": "str.json", "size": "12"}, "size we refuse"),
+        (
+            {"path": "w.onnx", "size": 10, "lfs": {"size": 10, "pointerSize": 134}},
+            f"listed 'w.onnx' in {IMMICH}@main with a malformed LFS entry: no 'oid' in it",
+        ),
+        ({"path": "w.onnx", "size": 10, "lfs": "oops"}, "'w.onnx' in"),
     ],
 )
 def test_a_listing_with_traversal_names_or_absurd_sizes_is_refused(
@@ -113,6 +118,25 @@ def test_a_repo_id_over_96_characters_is_a_message(env: dict[str, str], hub: Fak
     assert out.returncode == 2, out.stderr
     assert "at most 96 characters" in out.stderr
     assert not hub.total()
+
+
+def test_verify_refuses_a_snapshot_file_linked_out_of_the_cache(
+    env: dict[str, str], hub: FakeHub, tmp_path: Path, photos: Path
+) -> None:
+    # The same bytes outside the cache pass a hash check: the link itself is the problem, as
+    # anyone who can write the cache could later swap the file it leads to.
+    assert run(env, "models", "pull", "ViT-B-32__openai").returncode == 0
+    snapshot = next(Path(env["HF_HUB_CACHE"]).glob("models--immich-app--*/snapshots/*"))
+    outside = tmp_path / "elsewhere" / "config.json"
+    outside.parent.mkdir()
+    shutil.copy(snapshot / "config.json", outside)
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").symlink_to(outside)
+    out = run(env, "models", "verify", "ViT-B-32__openai")
+    assert out.returncode == 2, out.stderr
+    assert "config.json (a link out of the cache" in out.stderr, out.stderr
+    out = run(env, "embed", str(photos), "--model", "ViT-B-32__openai", offline=True)
+    assert out.returncode == 2 and "leaves the model folder" in out.stderr, out.stderr
 
 
 def manifest_repo(folder: Path, source: Path, **changes: Any) -> Path:

@@ -79,6 +79,7 @@ def write_dng_sized(path: Path, width: int, height: int) -> None:
         (Tag.AsShotNeutral, [[1, 1], [1, 1], [1, 1]]),
         (Tag.Make, "Testcam"),
         (Tag.Model, "RAW-1"),
+        (Tag.DateTimeOriginal, "2019:03:04 05:06:07"),  # in the first directory, as DNGs do
         (Tag.DNGVersion, DNGVersion.V1_4),
         (Tag.DNGBackwardVersion, DNGVersion.V1_2),
     ):
@@ -124,7 +125,11 @@ def test_a_camera_raw_decodes_through_libraw_and_names_its_camera(
     blue = plugin.generate_embedding(np.full((24, 32, 3), (30, 60, 200), dtype=np.uint8))
     assert np.dot(result.embedding, red.embedding) > np.dot(result.embedding, blue.embedding)
     assert plugin.generate_embedding(dng.read_bytes()).ok  # bytes too (HTTP uploads)
-    assert read_exif(dng)["camera"] == {"make": "Testcam", "model": "RAW-1"}
+    meta = read_exif(dng)
+    assert meta["camera"] == {"make": "Testcam", "model": "RAW-1"}
+    # the date and the size were not read: Pillow cannot open a DNG's sensor directory
+    assert meta["taken"] == "2019-03-04T05:06:07"
+    assert (meta["width"], meta["height"]) == (64, 48)
 
 
 def test_pairs_are_one_item_and_every_format_is_indexed(tmp_path: Path) -> None:
@@ -142,6 +147,7 @@ def test_pairs_are_one_item_and_every_format_is_indexed(tmp_path: Path) -> None:
     with Collection.open(tmp_path / "i.db", config) as collection:
         report = collection.index_folder(photos)
         assert report.added == 5 and not report.failed, report
+        assert report.merged == 2  # IMG_0001.dng beside its JPEG, IMG_0003.MOV beside its HEIC
         items = {
             Path(i.path or "").name: i.metadata or {}
             for i in collection.index.store.items_under(str(photos.resolve())).values()
@@ -193,3 +199,24 @@ def test_without_rawpy_a_raw_file_names_the_extra(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "themis-onnx-clip[photos]" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_damaged_jpeg_is_stood_in_for_by_its_raw(tmp_path: Path) -> None:
+    # The JPEG of a RAW+JPEG pair hid the RAW: a damaged JPEG left the photo out entirely.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "IMG_0001.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg at all")
+    write_dng(photos / "IMG_0001.dng")
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(tmp_path / "i.db", config) as collection:
+        report = collection.index_folder(photos)
+        assert report.added == 1 and report.merged == 0, report
+        assert [Path(p).name for p, _ in report.failed] == ["IMG_0001.jpg"]
+        assert "its RAW IMG_0001.dng is indexed instead" in report.failed[0][1]
+        again = collection.index_folder(photos)  # the next run keeps it, embeds nothing
+        assert (again.added, again.unchanged, again.removed) == (0, 1, 0), again
+        items = collection.index.store.items_under(str(photos.resolve()))
+        assert [Path(i.path or "").name for i in items.values()] == ["IMG_0001.dng"]
+        scene().save(photos / "IMG_0001.jpg", quality=90)  # repaired: the JPEG is the item
+        fixed = collection.index_folder(photos)
+        assert (fixed.added, fixed.removed, fixed.failed) == (1, 1, []), fixed

@@ -24,11 +24,30 @@ pytestmark = [
     ),
 ]
 
+# What a folder index stores beside EXIF: the folder, and facts of one file (no picker for those)
+FILE = {"size": 123456, "mtime": "2023-07-20T09:00:00+00:00", "width": 4000, "height": 3000}
 META = {
     # 23:30 at -02:00 is 01:30 UTC on the 15th: outside a "14 July" range, as an instant.
-    "p1": {"taken": "2023-07-14T23:30:00-02:00", "camera": {"make": "NIKON", "model": "Z 6"}},
-    "p2": {"taken": "2023-07-14T10:00:00+02:00", "camera": {"make": "Canon", "model": "R5"}},
-    "p3": {"taken": "2022-01-01T08:00:00", "camera": {"make": "Canon", "model": "R6"}},
+    "p1": {
+        "taken": "2023-07-14T23:30:00-02:00",
+        "camera": {"make": "NIKON", "model": "Z 6"},
+        "folder": "2023/Summer_holiday_in_Brittany_with_the_whole_family_and_the_dog",
+        **FILE,
+    },
+    "p2": {
+        "taken": "2023-07-14T10:00:00+02:00",
+        "camera": {"make": "Canon", "model": "R5"},
+        "folder": "2023/Summer_holiday_in_Brittany_with_the_whole_family_and_the_dog",
+        **FILE,
+        "size": 654321,
+    },
+    "p3": {
+        "taken": "2022-01-01T08:00:00",
+        "camera": {"make": "Canon", "model": "R6"},
+        "folder": "2022",
+        **FILE,
+        "size": 42,
+    },
 }
 
 
@@ -129,3 +148,87 @@ def test_duplicates_view_shows_groups_side_by_side(site: str, browser: Browser) 
     )
     browser.evaluate("document.getElementById('dups-close').click()")
     assert browser.evaluate("document.getElementById('dups').hidden")
+
+
+def test_the_pickers_are_folder_date_and_camera(site: str, browser: Browser) -> None:
+    # Every metadata key was a dropdown: one option per size, time or pixel width.
+    browser.viewport(1280, 860)
+    browser.navigate(site + "/?q=a%20photo&cut=none")
+    browser.wait_for("document.querySelectorAll('#results img.thumb').length === 5")
+    pickers = browser.evaluate(
+        "[...document.querySelectorAll('#filters label')].map(l =>"
+        " [l.querySelector('span').textContent,"
+        " [...l.querySelectorAll('option')].map(o => o.textContent)])"
+    )
+    assert pickers == [
+        [
+            "Folder",
+            [
+                "all folders",
+                "2023/Summer_holiday_in_Brittany_with_the_whole_family_and_the_dog (2)",
+                "2022 (1)",
+            ],
+        ]
+    ]
+    browser.evaluate(
+        "(() => { const s = document.querySelector('#filters select');"
+        " s.value = JSON.stringify('2022'); s.dispatchEvent(new Event('change')); })()"
+    )
+    browser.wait_for("document.getElementById('status').textContent.startsWith('1 result ')")
+    assert names(browser) == ["p3"]
+    assert browser.evaluate("document.getElementById('filter-count').textContent") == "(1 active)"
+
+
+def test_a_phone_sees_filters_and_the_viewer_whole(site: str, browser: Browser) -> None:
+    # At 390 px a filter ran past the screen edge and the viewer's keys broke mid-word.
+    browser.viewport(390, 844, mobile=True)
+    try:
+        browser.navigate(site + "/?q=a%20photo&cut=none")
+        browser.wait_for("document.querySelectorAll('#results img.thumb').length === 5")
+        browser.evaluate("document.getElementById('filters-box').open = true")
+        # (a page wider than the phone is zoomed out: innerWidth grows, the client width not)
+        overflow = browser.evaluate(
+            "[...document.querySelectorAll('#filters-box select, #filters-box input, #form *')]"
+            ".filter(e => e.getBoundingClientRect().right > 390.5).map(e => e.id || e.tagName)"
+        )
+        assert overflow == [], overflow
+        width = "document.documentElement"
+        assert browser.evaluate(f"{width}.scrollWidth <= {width}.clientWidth")
+        browser.evaluate(  # p1: the one with the most metadata
+            "[...document.querySelectorAll('#results figure')].find(f =>"
+            " f.querySelector('.name').textContent === 'p1').querySelector('button').click()"
+        )
+        browser.wait_for("document.getElementById('viewer').open")
+        assert browser.evaluate("document.querySelectorAll('#v-meta th').length") >= 6
+        broken = browser.evaluate(
+            "[...document.querySelectorAll('#v-meta th')].filter(th => {"
+            " const r = document.createRange(); r.selectNodeContents(th);"
+            " return r.getClientRects().length > 1; }).map(th => th.textContent)"
+        )
+        assert broken == [], broken  # each key on one line
+        browser.press("Escape", "Escape", 27)
+    finally:
+        browser.viewport(1280, 860)
+
+
+def test_hybrid_results_say_their_numbers_are_ranks(site: str, browser: Browser) -> None:
+    # Fused scores (about 0.016) read as "nothing matches", with no word of explanation.
+    browser.viewport(1280, 860)
+    browser.navigate(site + "/")
+    browser.wait_for("document.getElementById('info').textContent.includes('items')")
+    browser.evaluate("document.getElementById('hybrid').checked = true")
+    browser.evaluate(
+        "(() => { document.getElementById('q').value = 'a photo';"
+        " document.getElementById('form').requestSubmit(); })()"
+    )
+    browser.wait_for("document.getElementById('status').textContent.includes('ranked by')")
+    scores = browser.evaluate(
+        "[...document.querySelectorAll('#results .score')].map(s => s.textContent)"
+    )
+    assert scores[:3] == ["#1", "#2", "#3"], scores
+    status = browser.evaluate("document.getElementById('status').textContent")
+    assert "the numbers are ranks" in status
+    browser.evaluate("document.querySelector('#results button.card').click()")
+    browser.wait_for("document.getElementById('viewer').open")
+    assert browser.evaluate("document.getElementById('v-score').textContent").startswith("rank 1 ")
+    browser.press("Escape", "Escape", 27)

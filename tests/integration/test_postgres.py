@@ -101,3 +101,25 @@ def test_cli_index_and_search_on_a_url(pg_url: str, tiny_model_dir: Path, tmp_pa
     )
     assert bad.returncode != 0 and "cannot connect to PostgreSQL" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_second_index_run_on_a_database_says_one_is_running(
+    pg_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Two runs at once used to interleave, each embedding every new file (as SQLite's
+    # INDEX.lock prevents for a file).
+    from themis_clip.index.stores.postgres import writer_lock
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(2):
+        Image.fromarray(photo_like(64, 48, i)).save(folder / f"{i}.png")
+    exe = str(Path(sys.executable).parent / "themis-clip")
+    cmd = [exe, "index", str(folder), "--index", pg_url, "--model", str(tiny_model_dir)]
+    with writer_lock(pg_url):  # what a running `index` holds
+        busy = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert busy.returncode == 2, busy.stderr
+    assert "another `themis-clip index` is updating" in busy.stderr
+    assert "Traceback" not in busy.stderr
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "2 added" in done.stdout, done.stderr

@@ -23,7 +23,13 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from tests.helpers import HOSTILE_TEXT, ServerProcess, hostile_tokenizer_model, photo_like
+from tests.helpers import (
+    HOSTILE_TEXT,
+    PATHOLOGICAL_SPLIT,
+    ServerProcess,
+    hostile_tokenizer_model,
+    photo_like,
+)
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.index.stores.sqlite import SQLiteStore
 from themis_clip.runtime import ORTSession, create_session
@@ -457,6 +463,20 @@ def test_a_tokenizer_panic_fails_only_its_own_text(model_root: Path, tmp_path: P
             assert "tokenizer failed" in error(bad, 422, "TextInputError")
 
     asyncio.run(scenario())
+
+
+def test_a_tokenizer_failing_on_plain_text_is_refused_at_reload(
+    client: TestClient, model_root: Path
+) -> None:
+    # Its regex used to fail /v1/embeddings request by request; now the model never loads.
+    hostile_tokenizer_model(model_root / "a", model_root / "h", pattern=PATHOLOGICAL_SPLIT)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    r = client.post("/admin/reload", json={"path": "h"}, headers=auth)
+    assert 400 <= r.status_code < 500, r.text
+    assert "backtracks without bound" in r.json()["error"]["message"]
+    assert client.get("/readyz").json()["model_id"].startswith("tiny-a@")
+    r = client.post("/v1/embeddings", json={"input": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!"})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.slow

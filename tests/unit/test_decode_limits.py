@@ -25,7 +25,7 @@ from themis_clip.models.spec import ImageSpec
 from themis_clip.preprocess.containers import count_jpeg_scans, max_jpeg_scans
 from themis_clip.preprocess.deadline import DeadlineReader
 from themis_clip.preprocess.depth import to_8bit
-from themis_clip.preprocess.image import ImagePreprocessor, decode_image
+from themis_clip.preprocess.image import ImagePreprocessor, decode_image, image_dimensions
 
 
 def test_jpeg_scans_are_counted_and_capped_by_work(tmp_path: Path) -> None:
@@ -103,3 +103,52 @@ def test_a_decode_stops_at_its_deadline_between_reads() -> None:
         img.load()
     with pytest.raises(ImageTooLargeError, match="decode_timeout_s"):
         decode_image(data, decode_timeout_s=0.0)
+
+
+def _jxl_header(width: int, height: int) -> bytes:
+    """A bare JPEG XL codestream whose SizeHeader declares ``width`` x ``height`` (no ratio,
+    30-bit sides), followed by bytes no decoder accepts."""
+    bits, pos = 0, 0
+    for value, n in ((0, 1), (3, 2), (height - 1, 30), (0, 3), (3, 2), (width - 1, 30)):
+        bits |= value << pos
+        pos += n
+    return b"\xff\x0a" + bits.to_bytes(9, "little") + b"\x00" * 64
+
+
+def test_a_jpeg_xl_header_declaring_a_bomb_is_refused_before_decoding(tmp_path: Path) -> None:
+    # The JXL plugin decodes every pixel inside Image.open(): a 28 KB file declaring
+    # 20000x20000 cost 1.4 GB before the size check. Its header's size is read first now.
+    from themis_clip.preprocess.containers import jxl_size
+    from themis_clip.preprocess.exif import read_exif
+
+    pytest.importorskip("pillow_jxl")
+    bomb = _jxl_header(20000, 20000)
+    assert jxl_size(bomb) == (20000, 20000)
+    with pytest.raises(ImageTooLargeError, match="20000x20000"):
+        decode_image(bomb)
+    (tmp_path / "bomb.jxl").write_bytes(bomb)
+    with pytest.raises(ImageTooLargeError, match="20000x20000"):
+        decode_image(tmp_path / "bomb.jxl")
+    assert read_exif(tmp_path / "bomb.jxl") == {"width": 20000, "height": 20000}
+    assert image_dimensions(tmp_path / "bomb.jxl") == (20000, 20000)  # from the header
+    # a refusal of a mapped file closes its map (a view left alive was a BufferError)
+    (tmp_path / "bomb.ico").write_bytes(ico_with_png(png_of_zero_rows(5000, 5000, colour=2)))
+    with pytest.raises(ImageDecodeError, match="5000x5000"):
+        decode_image(tmp_path / "bomb.ico")
+
+
+@pytest.mark.parametrize("container", [False, True])
+def test_jpeg_xl_sizes_read_from_the_header_equal_pillows(container: bool) -> None:
+    from themis_clip.preprocess.containers import jxl_size
+    from themis_clip.preprocess.exif import prepare_pillow
+
+    pytest.importorskip("pillow_jxl")
+    prepare_pillow()
+    exif = Image.Exif()
+    exif[0x010F] = "Testcam"  # an Exif box: the file becomes a container
+    for width, height in ((160, 120), (161, 77), (64, 64), (64, 128), (300, 169), (1, 1)):
+        buf = io.BytesIO()
+        image = Image.fromarray(photo_like(width, height, 1))
+        image.save(buf, "JXL", **({"exif": exif.tobytes()} if container else {}))
+        assert buf.getvalue()[:2] != b"\xff\x0a" or not container
+        assert jxl_size(buf.getvalue()) == Image.open(buf).size == (width, height)

@@ -80,3 +80,20 @@ def test_junk_names_match_in_any_case(tmp_path: Path) -> None:
     skipped: Counter[str] = Counter()
     assert walk_images(tmp_path, skipped=skipped) == [keep]
     assert skipped["$RECYCLE.BIN"] == skipped["@eaDir"] == skipped["#recycle"] == 1
+
+
+def test_every_raw_of_a_stem_is_recorded_beside_its_still(tmp_path: Path) -> None:
+    # A second RAW of the same name (a camera writing CR2 and DNG) was neither embedded nor
+    # recorded: a script acting on the item missed it.
+    from themis_clip.files import companion_paths, pair_companions
+
+    names = ("IMG_1.jpg", "IMG_1.dng", "IMG_1.CR2", "IMG_2.dng")
+    paths = [tmp_path / n for n in names]
+    kept, extra = pair_companions(paths)
+    assert kept == [tmp_path / "IMG_1.jpg", tmp_path / "IMG_2.dng"]
+    meta = extra[tmp_path / "IMG_1.jpg"]
+    assert meta == {"raw": "IMG_1.CR2", "raws": ["IMG_1.CR2", "IMG_1.dng"]}
+    assert companion_paths(tmp_path / "IMG_1.jpg", meta) == [
+        tmp_path / "IMG_1.CR2",
+        tmp_path / "IMG_1.dng",
+    ]

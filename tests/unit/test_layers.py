@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from pathlib import Path
 
@@ -21,3 +22,35 @@ def test_every_module_is_in_a_layer_and_nothing_is_ignored() -> None:
         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
     }
     assert modules - layered == set()
+
+
+# Libraries with exactly one home module: a second importer would fork their policy
+# (lock timeouts, connection set-up, decoder budgets).
+SINGLE_HOMES = {
+    "filelock": "themis_clip.files",
+    "psycopg": "themis_clip.index.stores.postgres",
+    "rawpy": "themis_clip.preprocess.raw",
+    "usearch": "themis_clip.index.ann",
+    "ftfy": "themis_clip.preprocess.text",
+}
+
+
+def _importers(library: str) -> set[str]:
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(n.split(".")[0] == library for n in names):
+                found.add(module.removesuffix(".__init__"))
+    return found
+
+
+def test_single_home_libraries_are_imported_only_by_their_home() -> None:
+    for library, home in SINGLE_HOMES.items():
+        assert _importers(library) == {home}, library

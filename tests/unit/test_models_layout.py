@@ -179,6 +179,22 @@ def test_a_link_leaving_the_folder_is_refused(
     resolve_model(model_copy)
 
 
+def test_a_manifest_linked_out_of_the_folder_is_refused(model_copy: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(model_copy / MANIFEST_NAME, outside)
+    (model_copy / MANIFEST_NAME).symlink_to(outside)
+    with pytest.raises(ModelFormatError, match="manifest.json leaves the model folder"):
+        resolve_model(model_copy)
+
+
+def test_a_link_loop_is_refused_not_a_crash(model_copy: Path) -> None:
+    tower = model_copy / "visual.onnx"
+    tower.unlink()
+    tower.symlink_to(tower)
+    with pytest.raises(ModelFormatError, match="leaves the model folder"):
+        resolve_model(model_copy)
+
+
 def test_a_hub_model_loads_only_files_of_its_verified_record(
     model_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,13 +12,14 @@ import pytest
 from onnx import TensorProto
 
 from tests.helpers import photo_like
-from themis_clip import OnnxClipPlugin, PluginConfig, preprocess_image
+from themis_clip import ModelFormatError, OnnxClipPlugin, PluginConfig, preprocess_image
 from themis_clip.export.tiny import (
     TextTowerSpec,
     VisionTowerSpec,
     build_text_tower,
     build_vision_tower,
 )
+from themis_clip.models.layout import resolve_model
 from themis_clip.preprocess.text import CLIPTokenizer
 
 IMAGE = photo_like(90, 70, 5)
@@ -267,3 +268,30 @@ def test_resnet_clip_files_load_by_their_peers_names(tmp_path: Path, tiny_model_
     p = start(cas)
     assert p.get_statistics()["image_size"] == 288
     assert p.generate_embedding(IMAGE).ok
+
+
+@pytest.mark.parametrize(
+    ("layout", "rel"),
+    [
+        ("immich", "config.json"),
+        ("immich", "visual/preprocess_cfg.json"),
+        ("immich", "textual/tokenizer_config.json"),
+        ("xenova", "config.json"),
+        ("xenova", "preprocessor_config.json"),
+    ],
+)
+def test_a_peer_config_file_linked_out_of_the_folder_is_refused(
+    request: pytest.FixtureRequest, tmp_path: Path, layout: str, rel: str
+) -> None:
+    # A config a peer layout reads is as much the model as its towers: a link out of the
+    # folder would let another folder's file steer the preprocessing or the tokenizer.
+    root: Path = request.getfixturevalue(layout)
+    outside = tmp_path / "elsewhere.json"
+    shutil.copy(root / rel, outside)
+    (root / rel).unlink()
+    (root / rel).symlink_to(outside)
+    with pytest.raises(ModelFormatError, match=f"{rel} leaves the model folder"):
+        resolve_model(root)
+    (root / rel).unlink()
+    shutil.copy(outside, root / rel)
+    resolve_model(root)  # the same bytes inside the folder load

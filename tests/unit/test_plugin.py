@@ -12,6 +12,7 @@ from PIL import Image
 
 from tests.helpers import (
     HOSTILE_TEXT,
+    PATHOLOGICAL_SPLIT,
     SessionRecorder,
     encode,
     hostile_tokenizer_model,
@@ -189,6 +190,18 @@ def test_a_tokenizer_panic_is_one_failed_result(tiny_model_dir: Path, tmp_path: 
         assert not plugin.generate_text_embedding(HOSTILE_TEXT).ok
         with pytest.raises(TextInputError, match="tokenizer failed"):
             plugin.tokenize(["fine", HOSTILE_TEXT])
+    finally:
+        plugin.shutdown()
+
+
+def test_a_model_whose_tokenizer_fails_on_plain_text_is_refused_at_load(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model = hostile_tokenizer_model(tiny_model_dir, tmp_path / "m", pattern=PATHOLOGICAL_SPLIT)
+    plugin = OnnxClipPlugin()
+    try:
+        assert not plugin.initialize(PluginConfig.from_dict({"model": {"path": str(model)}}))
+        assert "backtracks without bound" in (plugin.last_error or "")
     finally:
         plugin.shutdown()
 

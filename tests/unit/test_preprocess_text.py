@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import HOSTILE_TEXT, hostile_tokenizer_model
+from tests.helpers import HOSTILE_TEXT, PATHOLOGICAL_SPLIT, hostile_tokenizer_model
 from themis_clip.errors import ModelFormatError, TextInputError
 from themis_clip.preprocess.text import CLIPTokenizer
 
@@ -95,6 +95,23 @@ def test_bad_tokenizer_files(tmp_path: Path) -> None:
     Tokenizer(models.BPE()).save(str(tmp_path / "plain.json"))
     with pytest.raises(ModelFormatError, match="lacks the CLIP tokens"):
         CLIPTokenizer(tmp_path / "plain.json")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "needle"),
+    [
+        (PATHOLOGICAL_SPLIT, "backtracks without bound"),  # used to be a failure per request
+        ("(unclosed", "unmatched parenthesis"),
+    ],
+    ids=["backtracking", "invalid"],
+)
+def test_a_tokenizer_whose_regex_fails_on_plain_text_is_refused_at_load(
+    tiny_model_dir: Path, tmp_path: Path, pattern: str, needle: str
+) -> None:
+    model = hostile_tokenizer_model(tiny_model_dir, tmp_path / "m", pattern=pattern)
+    with pytest.raises(ModelFormatError, match=needle) as caught:
+        CLIPTokenizer(model / "tokenizer.json")
+    assert str(model / "tokenizer.json") in str(caught.value)
 
 
 def test_a_tokenizer_panic_fails_only_its_own_text(tiny_model_dir: Path, tmp_path: Path) -> None:

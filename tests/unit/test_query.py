@@ -107,6 +107,22 @@ def test_newest_first_reads_taken_then_mtime_then_file_time_then_insertion() -> 
     assert newest_first(rows) == [7, 2, 4, 3, 5, 6, 1]
 
 
+def test_date_orders_keep_items_without_a_capture_time_last_both_ways() -> None:
+    # A file time used to stand in for a missing capture time, so a screenshot from today led
+    # `-taken` and trailed `taken`: undated items moved with the direction.
+    from themis_clip.index.query import _browse_order
+
+    rows = [
+        (1, "2020-01-01T00:00:00", None, None),
+        (2, None, "2030-01-01T00:00:00", None),  # no capture time, a new file time
+        (3, "2022-01-01T00:00:00", None, None),
+        (4, None, "2010-01-01T00:00:00", None),
+    ]
+    assert _browse_order(None, rows, "taken") == [1, 3, 2, 4]  # type: ignore[arg-type]
+    assert _browse_order(None, rows, "-taken") == [3, 1, 2, 4]  # type: ignore[arg-type]
+    assert _browse_order(None, rows, "newest") == [2, 3, 1, 4]  # type: ignore[arg-type]
+
+
 def test_layered_pages_equal_one_query_however_cut() -> None:
     """A search that finds more good items the more it is asked for (a graph's widening
     beam): a page read off the layered ranking never depends on where earlier pages ended."""

@@ -84,7 +84,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         _print_hits(photos.search(Query(image=str(probe)), k=4), indent="  ")
         s = plugin.get_statistics()
         print(
-            f"\n{report.added + report.updated} images indexed; {s['images']} image and "
+            f"\n{photos.index.store.count()} images in the index "
+            f"({report.added + report.updated} embedded this run); {s['images']} image and "
             f"{s['texts']} text queries embedded, p50 {s['p50_latency_ms']:.1f} ms a call"
         )
     return 0

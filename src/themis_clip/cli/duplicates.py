@@ -7,10 +7,17 @@ import argparse
 import json
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from themis_clip.cli.common import CLIError, index_args, index_location, model_args, shown
-from themis_clip.index.duplicates import DEFAULT_THRESHOLD, DEFAULT_WINDOW_S, find_duplicates
+from themis_clip.files import companion_paths
+from themis_clip.index.duplicates import (
+    DEFAULT_THRESHOLD,
+    DEFAULT_WINDOW_S,
+    DuplicateGroup,
+    find_duplicates,
+)
 from themis_clip.index.search import VectorIndex
 from themis_clip.preprocess.image import same_pixels
 
@@ -37,11 +44,34 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--print0",
         action="store_true",
-        help="print only the paths that are not keepers, NUL-separated (for xargs -0)",
+        help="print only the files that are not keepers, with their RAW and Live video "
+        "companions, NUL-separated (for xargs -0)",
     )
     index_args(p)
     model_args(p)
     p.set_defaults(func=_cmd_duplicates)
+
+
+def _files(item: dict[str, Any]) -> list[str]:
+    """An item's file and the companions recorded beside it (its RAWs, its Live video)."""
+    if not item["path"]:
+        return []
+    path = Path(item["path"])
+    return [str(path), *map(str, companion_paths(path, item["metadata"] or {}))]
+
+
+def _not_kept(groups: list[DuplicateGroup]) -> list[str]:
+    """The files of every non-keeper with their companions, less any file a keeper owns (two
+    stills of one stem share their RAW)."""
+    kept = {
+        f
+        for g in groups
+        for item in g.items
+        if g.keeper and item["key"] == g.keeper.key
+        for f in _files(item)
+    }
+    out = [f for g in groups for item in g.others for f in _files(item) if f not in kept]
+    return list(dict.fromkeys(out))
 
 
 def _cmd_duplicates(args: argparse.Namespace) -> int:
@@ -54,8 +84,7 @@ def _cmd_duplicates(args: argparse.Namespace) -> int:
             index, threshold=args.threshold, window_s=args.window_s, same_pixels=same_pixels
         )
     if args.print0:
-        paths = [str(item["path"]) for g in groups for item in g.others if item["path"]]
-        sys.stdout.write("".join(f"{path}\0" for path in paths))
+        sys.stdout.write("".join(f"{path}\0" for path in _not_kept(groups)))
         return 0
     if args.json:
         print(json.dumps([g.to_dict() for g in groups], ensure_ascii=False, indent=2))

@@ -90,8 +90,9 @@ def register(sub: Any) -> None:
         "--sort",
         choices=SORTS,
         default="score",
-        help="order of the results: score (default), taken / -taken (capture time, oldest / "
-        "newest first), mtime (newest file first), name",
+        help="order of the results: score (default; with no query, newest first), taken / "
+        "-taken (capture time, oldest / newest first; photos without one last in both), mtime "
+        "(newest file first), name",
     )
     p.add_argument("--filter", action="append", default=[], help="metadata KEY=VALUE (JSON value)")
     p.add_argument(
@@ -121,7 +122,11 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 def _locked_index(args: argparse.Namespace, folder: Path, lock: Path) -> int:
     with ExitStack() as held:
-        if not is_url(args.index):
+        if is_url(args.index):
+            from themis_clip.index.stores.postgres import writer_lock
+
+            held.enter_context(writer_lock(args.index))
+        else:
             # One writer per index file: a second run would embed every new file again beside
             # the first (and, on a new index, race it for the schema).
             try:
@@ -182,6 +187,8 @@ def _print_report(report: IndexReport, index_path: str) -> None:
     )
     for path, error in report.failed:
         print(f"  skipped {shown(path)}: {shown(error)}")
+    if report.merged:
+        print(f"  merged: {report.merged} RAW or Live video file(s) recorded beside their photo")
     if report.skipped:
         reasons = ", ".join(f"{shown(r)} {n}" for r, n in sorted(report.skipped.items()))
         print(f"  not walked: {sum(report.skipped.values())} ({reasons})")
@@ -270,11 +277,20 @@ def _cmd_search(args: argparse.Namespace) -> int:
             sort=args.sort,
         )
     _print_hits(matches, as_json=args.json)
-    if matches.cut is not None and matches.cut.reason and (matches.weaker or not matches):
+    if not matches and not matches.weaker:  # nothing was cut: nothing was found at all
+        why = "no item matches --filter / --where" if filters or args.where else "no items"
+        print(f"themis-clip: {why} in {location}", file=sys.stderr)
+    elif matches.cut is not None and matches.cut.reason and (matches.weaker or not matches):
         print(
             f"themis-clip: {len(matches)} match{'es' if len(matches) != 1 else ''}; "
             f"{matches.weaker} weaker left out, cut {shown(matches.cut.reason)} "
             "(--cut none shows them)",
+            file=sys.stderr,
+        )
+    if args.hybrid and matches:
+        print(
+            "themis-clip: hybrid scores fuse two rankings (what the pictures show, and the words "
+            "in names and captions): about 0.016 is a first place; the order is what counts",
             file=sys.stderr,
         )
     return 0

@@ -145,8 +145,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"{'ok ' if f.ok else 'BAD'}  {f.sha256}  {f.path}")
     if bad:
         raise IntegrityError(
-            f"{len(bad)} file(s) of {args.name} differ from their verified digests: "
-            f"{', '.join(f.path for f in bad)}; run `themis-clip models rm {args.name}` and "
-            "pull again"
+            f"{len(bad)} file(s) of {args.name} fail verification: "
+            f"{', '.join(f'{f.path} ({f.problem})' for f in bad)}; run "
+            f"`themis-clip models rm {args.name}` and pull again"
         )
     return 0

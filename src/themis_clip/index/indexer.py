@@ -66,6 +66,7 @@ class IndexReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> files or folders
+    merged: int = 0  # RAW and Live video files recorded beside their photo, not embedded
 
     @property
     def embedded(self) -> int:
@@ -111,7 +112,7 @@ def file_metadata(
 
 
 def _with_companions(
-    read: MetadataReader | None, companions: Mapping[Path, Mapping[str, str]]
+    read: MetadataReader | None, companions: Mapping[Path, Mapping[str, Any]]
 ) -> MetadataReader:
     """``read`` and the files recorded beside each embedded one (its RAW, its Live video)."""
 
@@ -186,6 +187,59 @@ def _to_embed(
     return out
 
 
+def _index_stand_ins(
+    raws: list[Path],
+    store: Store,
+    embedder: ImageEmbedder,
+    known: Mapping[str, StoredItem],
+    failures: Mapping[str, tuple[int, int, str]],
+    stamp: ModelIdentity,
+    folder: Path,
+    metadata: MetadataReader | None,
+    report: IndexReport,
+    seen: set[str],
+) -> None:
+    """Index the RAWs standing in for stills that cannot be read, each as an item of its own
+    (unchanged ones are kept, not embedded again)."""
+    todo = []
+    for raw in dict.fromkeys(raws):
+        try:
+            st = raw.stat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        key = str(raw)
+        seen.add(key)
+        report.merged -= 1  # an item of its own now
+        item = known.get(key)
+        if item is not None and (item.size, item.mtime_ns) == (st.st_size, st.st_mtime_ns):
+            report.unchanged += 1
+            continue
+        failed = failures.get(key)
+        if failed is not None and failed[:2] == (st.st_size, st.st_mtime_ns):
+            report.failed.append((key, failed[2]))
+            continue
+        todo.append((raw, st))
+    if not todo:
+        return
+    results = embedder.generate_embedding_batch([p for p, _ in todo])
+    rows, failed_rows = [], []
+    for (raw, st), r in zip(todo, results, strict=True):
+        if r.ok and r.embedding is not None:
+            rows.append(_row(raw, st, _sha256(raw), r.embedding, folder, metadata))
+            if str(raw) in known:
+                report.updated += 1
+            else:
+                report.added += 1
+        else:
+            error = r.error or "unknown error"
+            failed_rows.append((str(raw), st.st_size, st.st_mtime_ns, error))
+            report.failed.append((str(raw), error))
+    store.upsert(rows, dim=stamp.dim)
+    store.record_failures(failed_rows)
+
+
 def index_folder(
     index: VectorIndex,
     folder: Path,
@@ -228,11 +282,15 @@ def index_folder(
     seen: set[str] = set()
     unchanged: list[StoredItem] = []
     todo: list[tuple[Path, os.stat_result, str | None]] = []
-    walked, companions = pair_companions(
-        walk_images(folder, exclude=exclude, skipped=report.skipped)
-    )
+    files = walk_images(folder, exclude=exclude, skipped=report.skipped)
+    walked, companions = pair_companions(files)
+    videos = sum(1 for m in companions.values() if "live_video" in m)
+    report.merged = len(files) - len(walked) + videos
     if companions:
         metadata = _with_companions(metadata, companions)
+    # A still that cannot be read is stood in for by its RAW (embedded on its own instead)
+    twins = {s: s.parent / str(m["raw"]) for s, m in companions.items() if "raw" in m}
+    stand_ins: list[Path] = []
     for path in walked:
         key = str(path)
         try:
@@ -260,6 +318,7 @@ def index_folder(
         failed = failures.get(key)
         if failed is not None and failed[:2] == (st.st_size, st.st_mtime_ns):
             report.failed.append((key, failed[2]))
+            stand_ins += [twins[path]] if path in twins else []
             continue
         todo.append((path, st, None))
     vanished = set(known) - seen
@@ -319,6 +378,9 @@ def index_folder(
                     message = f"{r.error or 'unknown error'} (its earlier entry is removed)"
                 else:
                     message = r.error or "unknown error"
+                if path in twins:
+                    stand_ins.append(twins[path])
+                    message += f" (its RAW {twins[path].name} is indexed instead)"
                 report.failed.append((str(path), message))
         store.upsert(rows, dim=stamp.dim)  # one transaction per chunk: resumable
         store.record_failures(failed_rows)
@@ -336,6 +398,10 @@ def index_folder(
             continue
         store.upsert([_row(path, st, digest, vector, folder, metadata)], dim=stamp.dim)
         report.duplicates += 1
+    _index_stand_ins(
+        stand_ins, store, embedder, known, failures, stamp, folder, metadata, report, seen
+    )
+    vanished -= seen
     if metadata is not None:
         _refresh_metadata(store, folder, unchanged, metadata, metadata_version)
     report.removed += store.delete_keys(known[p].key for p in vanished)

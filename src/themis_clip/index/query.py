@@ -136,23 +136,27 @@ def newest_first(rows: Sequence[tuple[int, Any, Any, Any]]) -> list[int]:
     return [row[0] for row in sorted(rows, key=when, reverse=True)]
 
 
-BROWSE_ORDERS = ("-taken", "taken", "mtime", "name")
+#: ``newest`` is the library view (capture time, else file time); ``taken`` and ``-taken`` order
+#: by capture time alone, items without one last in both directions.
+BROWSE_ORDERS = ("newest", "-taken", "taken", "mtime", "name")
 
 
 def _browse_order(
     index: VectorIndex, rows: Sequence[tuple[int, Any, Any, Any]], order: str
 ) -> list[int]:
-    """Ids of the timeline ``rows`` in ``order`` (undated items last in both date orders)."""
+    """Ids of the timeline ``rows`` in ``order``."""
     if order not in BROWSE_ORDERS:
         raise InputError(f"order {order!r}: one of {', '.join(BROWSE_ORDERS)}")
-    if order == "-taken":
+    if order == "newest":
         return newest_first(rows)
-    if order == "taken":
-        dated = {
-            row[0] for row in rows if _seconds(row[1]) is not None or _seconds(row[2]) is not None
-        }
-        newest = newest_first(rows)
-        return [i for i in reversed(newest) if i in dated] + [i for i in newest if i not in dated]
+    if order in ("taken", "-taken"):
+        taken = {row[0]: _seconds(row[1]) for row in rows}
+        dated = sorted(
+            (i for i, t in taken.items() if t is not None),
+            key=lambda i: (taken[i], i),
+            reverse=order == "-taken",
+        )
+        return dated + [i for i in newest_first(rows) if taken[i] is None]
     if order == "mtime":
         return newest_first([(r[0], None, r[2], r[3]) for r in rows])
     items = index.store.items_by_id([r[0] for r in rows])
@@ -170,7 +174,7 @@ def search_page(
     cursor: str | None = None,
     exclude: frozenset[str] = frozenset(),
     where: Mapping[str, Any] | Where | None = None,
-    order: str = "-taken",
+    order: str = "newest",
 ) -> Page:
     """One page of a query's results.
 
@@ -187,8 +191,9 @@ def search_page(
         exclude: keys that are no answer (the items of a "more like this" query).
         where: a filter that results must satisfy: the where language (:mod:`.where`), or its
             tree (with ``filters`` in it: :func:`.where.with_filters`).
-        order: ``browse``'s order: ``-taken`` (newest first: by capture time, else file time),
-            ``taken`` (oldest first), ``mtime`` (newest file first) or ``name``.
+        order: ``browse``'s order: ``newest`` (by capture time, else file time), ``-taken`` /
+            ``taken`` (capture time newest / oldest first, items without one last in both),
+            ``mtime`` (newest file first) or ``name``.
 
     Raises:
         InputError: a bad cursor, a mode without what it needs, or paging past ``MAX_K``.
@@ -202,7 +207,7 @@ def search_page(
             "mode": str(mode),
             "where": raw_where,
             "query": identity,
-            **({"order": order} if mode == QueryMode.BROWSE and order != "-taken" else {}),
+            **({"order": order} if mode == QueryMode.BROWSE and order != "newest" else {}),
         }
     )
     after = decode_cursor(cursor, query=query_id) if cursor is not None else None
@@ -293,7 +298,7 @@ def _ranked(
     vector: npt.NDArray[np.float32] | None,
     text: str | None,
     where: Where | None = None,
-    order: str = "-taken",
+    order: str = "newest",
 ) -> list[Hit]:
     from themis_clip.index.search import Hit
 

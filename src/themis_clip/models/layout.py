@@ -32,7 +32,7 @@ from typing import Any
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
 from themis_clip.models.hashing import HashFunction, sha256_file, verify_digest
-from themis_clip.models.peers import detect_peer_layout
+from themis_clip.models.peers import detect_peer_layout, stay_inside
 from themis_clip.models.spec import ImageSpec, ModelSpec, TextSpec
 from themis_clip.vocabulary import (
     CLIP_MEAN,
@@ -78,7 +78,8 @@ def resolve_model(
         raise ModelNotFoundError(f"model path not found: {root}")
     if root.is_dir():
         manifest = root / MANIFEST_NAME
-        if manifest.is_file():
+        if manifest.is_file() or manifest.is_symlink():
+            stay_inside(root, manifest)
             spec = _from_manifest(manifest, variant=variant, name=name)
         else:
             peer = detect_peer_layout(root, variant=variant, name=name)
@@ -135,27 +136,20 @@ def resolve_model(
 def _stay_inside(spec: ModelSpec, *, given: Path | None) -> None:
     """Refuse a model file that leaves the model folder once links are resolved.
 
-    The one place links may lead is a Hugging Face cache snapshot's own ``blobs`` folder (its
-    files are links into it). ``given`` (a tokenizer the configuration names) is exempt.
+    The tokenizer's sidecar (``tokenizer_config.json``, read for its pad token) counts as a
+    model file. ``given`` (a tokenizer the configuration names) is exempt.
 
     Raises:
         ModelFormatError: naming the file and where it leads.
     """
-    root = spec.root
-    allowed = [root.resolve()]
-    if root.parent.name == "snapshots":
-        allowed.append((root.parent.parent / "blobs").resolve())
     files = [spec.visual_path, spec.textual_path, spec.tokenizer_path]
-    files += [root / rel for rel in spec.declared_sha256]
+    files += [spec.root / rel for rel in spec.declared_sha256]
+    if spec.tokenizer_path is not None and spec.tokenizer_path != given:
+        sidecar = spec.tokenizer_path.parent / "tokenizer_config.json"
+        files += [sidecar] if sidecar.is_file() or sidecar.is_symlink() else []
     for file in files:
-        if file is None or file == given:
-            continue
-        target = file.resolve()
-        if not any(target.is_relative_to(base) for base in allowed):
-            raise ModelFormatError(
-                f"{file} leaves the model folder {root} (it resolves to {target}); a model "
-                "loads only files inside its folder"
-            )
+        if file is not None and file != given:
+            stay_inside(spec.root, file)
 
 
 def model_identity_digest(

@@ -28,6 +28,7 @@ from typing import Any
 
 import themis_clip.jsonio as jsonio
 from themis_clip.errors import ModelFormatError
+from themis_clip.files import resolves_outside
 from themis_clip.models.families import family
 from themis_clip.models.spec import ImageSpec, ModelSpec, TextSpec
 from themis_clip.vocabulary import (
@@ -42,7 +43,7 @@ from themis_clip.vocabulary import (
     member_of,
 )
 
-__all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout"]
+__all__ = ["HF_RESAMPLE", "XENOVA_SUFFIXES", "detect_peer_layout", "stay_inside"]
 
 #: transformers.js file suffix per variant name.
 XENOVA_SUFFIXES = {
@@ -59,9 +60,30 @@ XENOVA_SUFFIXES = {
 HF_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
-def _json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+def stay_inside(root: Path, file: Path) -> None:
+    """Refuse a model file that leaves the model folder ``root`` once links are resolved.
+
+    The one place links may lead is a Hugging Face cache snapshot's own ``blobs`` folder (its
+    files are links into it).
+
+    Raises:
+        ModelFormatError: naming the file and where it leads.
+    """
+    roots = [root]
+    if root.parent.name == "snapshots":
+        roots.append(root.parent.parent / "blobs")
+    target = resolves_outside(file, *roots)
+    if target is not None:
+        raise ModelFormatError(
+            f"{file} leaves the model folder {root} (it resolves to {target}); a model "
+            "loads only files inside its folder"
+        )
+
+
+def _json(root: Path, path: Path) -> dict[str, Any]:
+    if not path.is_file() and not path.is_symlink():
         return {}
+    stay_inside(root, path)
     try:
         data = jsonio.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as exc:
@@ -108,8 +130,11 @@ def _resize_mode(value: Any, where: Path) -> ResizeMode:
         raise ModelFormatError(f"{where}: unknown resize_mode {value!r}") from None
 
 
-def _tokenizer(*candidates: Path) -> Path | None:
-    return next((c for c in candidates if c.is_file()), None)
+def _tokenizer(root: Path, *candidates: Path) -> Path | None:
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is not None:
+        stay_inside(root, found)  # read here, before the loader's own check
+    return found
 
 
 def _is_clip_bpe(tokenizer: Path | None) -> bool:
@@ -146,23 +171,23 @@ def _text_spec(
     )
 
 
-def _model_max_length(tokenizer: Path | None, positions: int) -> int:
+def _model_max_length(root: Path, tokenizer: Path | None, positions: int) -> int:
     """The tokenizer's declared context (Chinese-CLIP: 52) within the position table."""
     if tokenizer is None:
         return positions
-    declared = _json(tokenizer.parent / "tokenizer_config.json").get("model_max_length")
+    declared = _json(root, tokenizer.parent / "tokenizer_config.json").get("model_max_length")
     return declared if isinstance(declared, int) and 2 <= declared <= positions else positions
 
 
 def _immich(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     _no_variants(root, variant, "immich")
-    cfg = _json(root / "config.json")
+    cfg = _json(root, root / "config.json")
     pre_path = root / "visual" / "preprocess_cfg.json"
-    pre = _json(pre_path)
+    pre = _json(root, pre_path)
     textual = root / "textual" / "model.onnx"
     text_cfg: dict[str, Any] = cfg["text_cfg"] if isinstance(cfg.get("text_cfg"), dict) else {}
     kwargs = text_cfg.get("tokenizer_kwargs")
-    tokenizer = _tokenizer(root / "textual" / "tokenizer.json")
+    tokenizer = _tokenizer(root, root / "textual" / "tokenizer.json")
     label = (name or root.name).lower()
     # immich pads every text to the context length (its graphs take [1, L]); open_clip's
     # HF tokenizers clean with "whitespace" unless the config says otherwise.
@@ -210,9 +235,9 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
         )
         raise ModelFormatError(f"{root}: no variant {chosen!r}; available: {', '.join(present)}")
     textual = root / "onnx" / f"text_model{suffix}.onnx"
-    cfg = _json(root / "config.json")
+    cfg = _json(root, root / "config.json")
     pre_path = root / "preprocessor_config.json"
-    pre = _json(pre_path)
+    pre = _json(root, pre_path)
     text_cfg: dict[str, Any] = (
         cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else {}
     )
@@ -222,7 +247,7 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     )
     size = _size(pre.get("crop_size") if crop else pre.get("size"), pre_path)
     fam = family(cfg.get("model_type"))
-    tokenizer = _tokenizer(root / "tokenizer.json")
+    tokenizer = _tokenizer(root, root / "tokenizer.json")
     positions = int(text_cfg.get("max_position_embeddings") or 77)
     # What the family table implies (SigLIP: the full context, padded to it, canonicalize
     # cleaning, pooler_output is the embedding); other families clean nothing and pad to the
@@ -245,7 +270,7 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
             resize_mode=ResizeMode.SHORTEST if crop else ResizeMode.SQUASH,
             interpolation=HF_RESAMPLE.get(pre.get("resample", 3), "bicubic"),
         ),
-        context_length=positions if last_token else _model_max_length(tokenizer, positions),
+        context_length=positions if last_token else _model_max_length(root, tokenizer, positions),
         variant=chosen,
         text=_text_spec(
             tokenizer,
@@ -260,7 +285,7 @@ def _xenova(root: Path, variant: str | None, name: str | None) -> ModelSpec:
 def _clip_as_service(root: Path, variant: str | None, name: str | None) -> ModelSpec:
     _no_variants(root, variant, "clip-as-service")
     textual = root / "textual.onnx"
-    tokenizer = _tokenizer(root / "tokenizer.json")
+    tokenizer = _tokenizer(root, root / "tokenizer.json")
     return ModelSpec(
         name=name or root.name,
         layout=Layout.CLIP_AS_SERVICE,
@@ -270,7 +295,9 @@ def _clip_as_service(root: Path, variant: str | None, name: str | None) -> Model
         tokenizer_path=tokenizer,
         # M-CLIP: an XLM-R tokenizer (with its own special tokens), padded to the longest row,
         # with the attention mask its graph takes.
-        context_length=_model_max_length(tokenizer, 77) if not _is_clip_bpe(tokenizer) else 77,
+        context_length=_model_max_length(root, tokenizer, 77)
+        if not _is_clip_bpe(tokenizer)
+        else 77,
         text=_text_spec(tokenizer, root, pad_to_context=False),
     )
 
@@ -286,7 +313,7 @@ def _lakera(root: Path, variant: str | None, name: str | None) -> ModelSpec:
         root=root,
         visual_path=visual,
         textual_path=textual if textual.is_file() else None,
-        tokenizer_path=_tokenizer(root / "tokenizer.json"),
+        tokenizer_path=_tokenizer(root, root / "tokenizer.json"),
     )
 
 

@@ -2,13 +2,15 @@
 
 Keys (absent when the photo does not say; never guessed):
 
-- ``taken``: ISO 8601 from ``DateTimeOriginal`` (``DateTime`` is when the file was last
-  written, not taken: not used), with ``OffsetTimeOriginal`` when present
+- ``taken``: ISO 8601 from ``DateTimeOriginal`` (in the EXIF directory, else the first one,
+  where DNG and TIFF/EP files may keep it; ``DateTime`` is when the file was last written,
+  not taken: not used), with ``OffsetTimeOriginal`` when present
   (``"2023-07-14T18:03:11+02:00"``), else without an offset;
 - ``camera``: ``{"make", "model"}`` (either may be absent);
 - ``gps``: ``{"lat", "lon"}`` in signed decimal degrees (south and west negative), with
   ``alt`` in metres (below sea level negative) when present;
-- ``width``, ``height``: the pixel size after the EXIF orientation is applied (5-8 swap).
+- ``width``, ``height``: the pixel size after the EXIF orientation is applied (5-8 swap); for
+  a camera RAW, the size LibRaw decodes its sensor to (read from its header).
 
 Pillow reads only the header (no pixels are decoded). A file whose EXIF is corrupt gives what
 could be read, and never an error (nor Pillow's warning on stderr): metadata is a bonus, not a
@@ -29,7 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from themis_clip.files import open_regular
+from themis_clip.files import RAW_SUFFIXES, open_regular
+from themis_clip.preprocess.containers import is_jxl, jxl_size
+from themis_clip.preprocess.raw import raw_size
+from themis_clip.vocabulary import DEFAULT_MAX_IMAGE_PIXELS
 
 __all__ = ["prepare_pillow", "read_exif"]
 
@@ -56,14 +61,29 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
         fp = io.BytesIO(source) if isinstance(source, bytes) else open_regular(source)
     except OSError:
         return {}
+    named_raw = not isinstance(source, bytes) and Path(source).suffix.lower() in RAW_SUFFIXES
     try:
         with fp:
             prepare_pillow()
+            jxl = is_jxl(fp.read(12))
+            fp.seek(0)
+            declared = jxl_size(fp.read(_JXL_HEAD)) if jxl else None
+            fp.seek(0)
+            if declared is not None and declared[0] * declared[1] > DEFAULT_MAX_IMAGE_PIXELS:
+                # Pillow's JPEG XL plugin decodes every pixel to open the file: not for this
+                # size (the decoder refuses it too); the header's size is all we say
+                return {"width": declared[0], "height": declared[1]}
             try:
-                return _open_and_read(Image, fp)
+                out = _open_and_read(Image, fp)
             except UnidentifiedImageError:
                 fp.seek(0)
-                return _raw_exif(Image, fp.read(_RAW_HEAD))
+                out = _raw_exif(Image, fp.read(_RAW_HEAD))
+                named_raw = True  # or a RAW by its content: LibRaw says
+        if named_raw:  # Pillow sees a RAW's small first directory, or nothing: LibRaw's size
+            size = raw_size(source)
+            if size is not None:
+                out["width"], out["height"] = size
+        return out
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         log.debug("no EXIF read: %s", exc)
         return {}
@@ -73,6 +93,8 @@ def read_exif(source: str | Path | bytes) -> dict[str, Any]:
 # their EXIF is in the first megabytes, readable as a TIFF directory even where Pillow cannot
 # open the picture.
 _RAW_HEAD = 16 << 20
+#: where a JPEG XL container's codestream starts, at the latest, for its size to be read
+_JXL_HEAD = 1 << 20
 _TIFF_LIKE = {b"II*\x00": b"II*\x00", b"MM\x00*": b"MM\x00*", b"IIRO": b"II*\x00"}
 _TIFF_LIKE |= {b"IIRS": b"II*\x00", b"IIU\x00": b"II*\x00", b"MMOR": b"MM\x00*"}
 
@@ -151,6 +173,8 @@ def _text(value: Any) -> str | None:
 
 def _taken(exif: Any) -> str | None:
     ifd = exif.get_ifd(_EXIF_IFD)
+    if _DATETIME_ORIGINAL not in ifd:
+        ifd = exif  # DNG and TIFF/EP may keep it in the first directory
     stamp = _text(ifd.get(_DATETIME_ORIGINAL))
     match = _STAMP.fullmatch(stamp or "")
     if match is None:

@@ -47,6 +47,8 @@ from themis_clip.preprocess.containers import (
     check_container,
     check_raw_data_fits,
     count_jpeg_scans,
+    is_jxl,
+    jxl_size,
     mapped,
     max_jpeg_scans,
 )
@@ -349,8 +351,13 @@ def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     The stored size, before any EXIF orientation is applied.
     """
     try:
-        with open_regular(path) as fp, _open(fp, str(path)) as img:
-            width, height = img.size
+        with open_regular(path) as fp:
+            if is_jxl(fp.read(12)):  # its plugin decodes every pixel to open it: not opened
+                fp.seek(0)
+                return jxl_size(fp.read(1 << 20))
+            fp.seek(0)
+            with _open(fp, str(path)) as img:
+                width, height = img.size
     except (InputError, OSError):
         return None
     return int(width), int(height)

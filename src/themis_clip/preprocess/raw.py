@@ -13,6 +13,7 @@ import functools
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy.typing as npt
 from themis_clip.errors import ImageDecodeError, ImageTooLargeError
 from themis_clip.files import RAW_SUFFIXES
 
-__all__ = ["RAW_SUFFIXES", "RawImage", "looks_raw", "read_raw"]
+__all__ = ["RAW_SUFFIXES", "RawImage", "looks_raw", "raw_size", "read_raw"]
 
 
 # LibRaw's flip → the EXIF orientation that rights the image.
@@ -65,6 +66,28 @@ def looks_raw(head: bytes, suffix: str | None) -> bool:
 def raw_support() -> bool:
     """Whether RAW files can be read here (``rawpy`` installed: the ``photos`` extra)."""
     return _rawpy() is not None
+
+
+def raw_size(source: str | Path | bytes) -> tuple[int, int] | None:
+    """The upright ``(width, height)`` LibRaw decodes a RAW file to, read from its header
+    (nothing unpacked); None where ``rawpy`` is missing or LibRaw does not know the file."""
+    rawpy = _rawpy()
+    if rawpy is None:
+        return None
+    raw = rawpy.RawPy()
+    try:
+        if isinstance(source, bytes):
+            raw.open_buffer(io.BytesIO(source))
+        else:
+            raw.open_file(str(source))
+    except rawpy.LibRawError:
+        raw.close()
+        return None
+    with raw:
+        width, height = raw.sizes.width, raw.sizes.height
+        if raw.sizes.flip in (5, 6):  # a quarter turn: LibRaw rights it on decode
+            width, height = height, width
+    return (int(width), int(height)) if width > 0 and height > 0 else None
 
 
 def read_raw(

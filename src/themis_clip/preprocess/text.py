@@ -9,8 +9,10 @@ the ``regex`` module's ``\s+`` collapsed to one space; then lower-cased), so tok
 OpenAI's for any string. Over-long text is truncated so that EOT stays last, and
 :class:`TokenBatch` reports which inputs were cut.
 
-A text the tokenizer fails on (a ``tokenizer.json`` regex that exhausts onig's retry limit
-panics in Rust, which pyo3 raises as a ``BaseException``) fails alone, as a
+A tokenizer whose regex fails on plain text (runs of one character class ended by another, the
+classic catastrophic-backtracking trigger) is refused at load as a
+:class:`~themis_clip.errors.ModelFormatError`. A text it still fails on (a regex that exhausts
+onig's retry limit panics in Rust, which pyo3 raises as a ``BaseException``) fails alone, as a
 :class:`~themis_clip.errors.TextInputError` in :attr:`TokenBatch.errors`: the other texts of
 its batch, other callers' among them, are still encoded.
 """
@@ -303,7 +305,30 @@ def _load(path: Path, context_length: int, *, minimum: int) -> Any:
         raise ModelFormatError(f"cannot load tokenizer {path}: {exc}") from exc
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    _refuse_backtracking(tokenizer, path)
     return tokenizer
+
+
+#: Runs of one kind of character ended by another: the texts on which a backtracking
+#: pre-tokenizer regex blows up (``(\w+\s?)+$`` on ``aaaa…!``), each short and cheap to encode.
+_PROBES = tuple(a * 40 + b for a in "a1 !é中" for b in "a1 !é中" if a != b)
+
+
+def _refuse_backtracking(tokenizer: Any, path: Path) -> None:
+    """Refuse, at load, a tokenizer that fails on plain text: a hostile or broken regex would
+    otherwise fail requests one by one, each after burning a core to the engine's limit.
+
+    Raises:
+        ModelFormatError: naming the file, a text it fails on and why.
+    """
+    for text in _PROBES:
+        e = _encode_one(tokenizer, text, add_special_tokens=False)
+        if isinstance(e, TextInputError):
+            raise ModelFormatError(
+                f"{path}: the tokenizer fails on plain text ({text[0]!r} 40 times, then "
+                f"{text[-1]!r}): {e}; its pre-tokenizer regex backtracks without bound, and a "
+                "tokenizer must encode any text"
+            )
 
 
 def pad_rows(

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.collection import choose_cut, cut_matches, weak_line
+from themis_clip.index.paging import Cursor, decode_cursor, encode_cursor, fingerprint
 from themis_clip.index.query import QueryMode, combine, search_page
 from themis_clip.index.relevance import WeakLine, random_texts
 from themis_clip.index.search import Hit, VectorIndex
@@ -124,6 +125,14 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
     if needs_vector and modelled:
         embedded, current = await _embedded(parts, state, body.language)
 
+    # A query sorted by anything but its score is sorted over all its matches (at most
+    # SORTED_MAX, after the cut), and paged here: sorting each page alone broke the order.
+    sorted_query = body.sort != "score" and mode != QueryMode.BROWSE
+    identity = {
+        "parts": [_identity(p) for p in parts],
+        "language": body.language,
+    }
+
     def run() -> tuple[list[Hit], str | None, str, str]:
         stamp = idx.stamp
         if current is not None and stamp is not None:
@@ -134,19 +143,15 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
         page = search_page(
             idx,
             mode=mode,
-            k=body.k,
-            identity={
-                "parts": [_identity(p) for p in parts],
-                "language": body.language,
-                "space": space,
-            },
+            k=SORTED_MAX if sorted_query else body.k,
+            identity={**identity, "space": space},
             vector=vector,
             text=words or None,
-            cursor=body.cursor,
+            cursor=None if sorted_query else body.cursor,
             # "more like this": the items the query is made of are no answer
             exclude=frozenset(p.item for p in parts if p.item is not None and p.weight > 0),
             where=where,
-            order="-taken" if body.sort == "score" else body.sort,
+            order="newest" if body.sort == "score" else body.sort,
         )
         return page.hits, page.next, idx.mode, space
 
@@ -157,18 +162,45 @@ async def run_search(body: SearchRequest, state: AppState) -> dict[str, Any]:
         body.cut,
         texts_only=texts_only and mode == QueryMode.VECTOR,
         line=line,
-        later_page=body.cursor is not None,
+        later_page=body.cursor is not None and not sorted_query,
     )
     matches = cut_matches(hits, cut, line, sort="score" if mode == QueryMode.BROWSE else body.sort)
+    kept = matches.hits
     if matches.weaker:
         token = None  # the matches end on this page
+    if sorted_query:  # all the matches in their order: this page of them
+        query_id = fingerprint(
+            {**identity, "space": space, "sort": body.sort, "cut": body.cut, "mode": str(mode)}
+            | {"where": str(where) if where is not None else None}
+        )
+        kept, token = _sorted_page(kept, body.k, body.cursor, query_id)
     assert matches.cut is not None
-    out = {**results(matches.hits, kind, space), "next": token}
+    out = {**results(kept, kind, space), "next": token}
     out["cut"] = {"at": matches.cut.at, "reason": matches.cut.reason, "weaker": matches.weaker}
     if line is not None:  # text → image: where a match stops meaning one
         out["weak_below"] = line.score
         out["weak_basis"] = line.describe()
     return out
+
+
+#: the most matches a query sorted by date, file time or name is sorted over
+SORTED_MAX = 1000
+
+
+def _sorted_page(
+    ordered: list[Hit], k: int, cursor: str | None, query_id: str
+) -> tuple[list[Hit], str | None]:
+    """Page ``k`` of ``ordered`` after ``cursor`` (its offset; just after its last key when
+    the set has changed) and the cursor of the next page, if there is one."""
+    start = 0
+    if cursor is not None:
+        after = decode_cursor(cursor, query=query_id)
+        keys = [h.key for h in ordered]
+        start = keys.index(after.key) + 1 if after.key in keys else min(after.offset, len(keys))
+    page = ordered[start : start + k]
+    more = start + len(page) < len(ordered) and bool(page)
+    token = Cursor(query=query_id, offset=start + len(page), key=page[-1].key) if more else None
+    return page, encode_cursor(token) if token is not None else None
 
 
 async def _weak_line(state: AppState, current: ModelIdentity) -> WeakLine | None:

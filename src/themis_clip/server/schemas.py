@@ -155,8 +155,10 @@ class SearchRequest(_Strict):
     )
     sort: Literal["score", "taken", "-taken", "mtime", "name"] = Field(
         default="score",
-        description="order of the page's hits: score, capture time (taken oldest first, "
-        "-taken newest first; undated last), file time (mtime, newest first) or file name",
+        description="order of the results: score, capture time (taken oldest first, "
+        "-taken newest first; undated last in both), file time (mtime, newest first) or file "
+        "name. Any order but score sorts all the matches (after the cut, at most 1000) and "
+        "pages through them with 'next'",
     )
 
 

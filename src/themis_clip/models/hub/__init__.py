@@ -25,9 +25,9 @@ byte past it; file answers' ``X-Repo-Commit`` and ``ETag`` (which the client nam
 after) must be hex digests.
 
 ``source`` classifies strings, checks listing entries and knows each layout's allow-list;
-``cache`` owns the local cache, the records and the lock (``filelock``); ``pull`` is the home of
-``huggingface_hub`` and exports a PyTorch checkpoint by running ``themis-clip export`` in a child
-process with a memory and time limit, after checking its config against its weights
+``cache`` owns the local cache, the records and the lock (``files.file_lock``); ``pull`` is the
+home of ``huggingface_hub`` and exports a PyTorch checkpoint by running ``themis-clip export`` in
+a child process with a memory and time limit, after checking its config against its weights
 (:mod:`themis_clip.models.checkpoint`); it never imports the exporter.
 """
 

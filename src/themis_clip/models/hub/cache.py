@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from themis_clip.errors import ModelFormatError, ModelNotFoundError
-from themis_clip.files import sha256_of
+from themis_clip.files import file_lock, resolves_outside, sha256_of
 from themis_clip.models.catalogue import RepoLayout, find_entry
 from themis_clip.models.hub.source import (
     CachedFile,
@@ -87,11 +87,9 @@ def write_record(storage: Path, commit: str, record: dict[str, Any]) -> None:
 
 @contextmanager
 def repo_lock(repo: str, cache_dir: str | Path | None) -> Iterator[None]:
-    from filelock import FileLock
-
-    lock = cache_root(cache_dir) / ".locks" / "themis" / ("models--" + repo.replace("/", "--"))
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock) + ".lock"):
+    """Hold the cache's lock on ``repo``: one process at a time pulls or removes it."""
+    name = "models--" + repo.replace("/", "--") + ".lock"
+    with file_lock(cache_root(cache_dir) / ".locks" / "themis" / name):
         yield
 
 
@@ -212,6 +210,9 @@ def verify_cached(
 ) -> list[CachedFile]:
     """Re-hash every recorded file of a cached model against its recorded digest.
 
+    A file must also stay inside its repo's cache folder once links are resolved (a snapshot's
+    files are links into its ``blobs``): a link out of it is refused unread.
+
     Raises:
         ModelNotFoundError: nothing cached for this model.
     """
@@ -219,11 +220,24 @@ def verify_cached(
     if info is None:
         raise ModelNotFoundError(f"model {text!r} is not in the cache")
     snapshot = Path(info["path"])
+    storage = snapshot.parent.parent
     out = []
     for f in info["files"]:
         path = snapshot / f.path
-        ok = path.is_file() and sha256_of(path) == f.sha256
-        out.append(CachedFile(path=f.path, size=f.size, sha256=f.sha256, ok=ok))
+        target = resolves_outside(path, snapshot, storage / "blobs")
+        if target is not None:
+            problem: str | None = f"a link out of the cache (to {target})"
+        elif not path.is_file():
+            problem = "missing"
+        elif sha256_of(path) != f.sha256:
+            problem = "differs from its verified digest"
+        else:
+            problem = None
+        out.append(
+            CachedFile(
+                path=f.path, size=f.size, sha256=f.sha256, ok=problem is None, problem=problem
+            )
+        )
     return out
 
 

@@ -218,9 +218,20 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 MAX_LISTED_FILES = 20_000
 
 
-def _malformed(source: ModelSource, exc: BaseException) -> ModelFormatError:
-    """The client's own refusal of a malformed answer (``ValueError``, ``KeyError``...)."""
+def _malformed(
+    source: ModelSource, exc: BaseException, *, entry: tuple[str, str] | None = None
+) -> ModelFormatError:
+    """The client's own refusal of a malformed answer (``ValueError``, ``KeyError``...),
+    naming the listed file and the part of its entry when the client got that far."""
     first = str(exc).splitlines()[0][:200] if str(exc) else "?"
+    if isinstance(exc, KeyError) and exc.args:
+        first = f"no {str(exc.args[0])[:40]!r} in it"
+    if entry is not None:
+        name, part = entry
+        return ModelFormatError(
+            f"the Hub listed {name[:120]!r} in {source.repo}@{source.revision} with a "
+            f"malformed {part}: {first}"
+        )
     return ModelFormatError(
         f"the Hub's answer for {source.repo}@{source.revision} is malformed "
         f"({type(exc).__name__}: {first})"
@@ -269,8 +280,27 @@ def _remote_listing(
     except _transport_errors() as exc:
         raise translate(exc) from None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise _malformed(source, exc) from None
+        raise _malformed(source, exc, entry=_entry_being_read(exc, RepoFile)) from None
     return commit, tree
+
+
+def _entry_being_read(exc: BaseException, kind: type[Any]) -> tuple[str, str] | None:
+    """``(name, part)`` of the listed file whose entry the client was parsing when it raised.
+
+    The client parses each listing entry in ``RepoFile()``, whose first step stores the name:
+    the frame that raised still holds it, and a message naming the file saves the user a guess.
+    ``part`` is "LFS entry" when the raw ``lfs`` object was being read, else "entry".
+    """
+    tb = exc.__traceback__
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        entry = local.get("self")
+        if isinstance(entry, kind) and isinstance(getattr(entry, "path", None), str):
+            raw_lfs = local.get("lfs")
+            reading_lfs = raw_lfs is not None and getattr(entry, "lfs", None) is None
+            return str(entry.path), "LFS entry" if reading_lfs else "entry"
+        tb = tb.tb_next
+    return None
 
 
 def _check_answer(response: Any) -> None:

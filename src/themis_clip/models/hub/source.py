@@ -78,6 +78,7 @@ class CachedFile:
     size: int
     sha256: str
     ok: bool | None = None  # None: not re-hashed
+    problem: str | None = None  # why not ok
 
 
 def parse_source(text: str, *, revision: str | None = None) -> ModelSource:

@@ -17,6 +17,7 @@ const state = {
   imageUrl: null,     // object URL of the query image preview
   classify: false,    // whether the server offers zero-shot classification
   weaker: false,      // show the hits below where relevance ends (cut: none)
+  hybrid: false,      // the shown results fuse two rankings (their scores are ranks' worth)
 };
 
 class ApiError extends Error {
@@ -235,36 +236,47 @@ async function loadInfo() {
   $('info').textContent = parts.join(' · ');
 }
 
+// Keys no one picks from a list: facts of one file (its name, size, times, pixel size, its
+// RAW), and the date and camera, which have pickers of their own.
+const FILE_FACTS = new Set(['name', 'size', 'mtime', 'width', 'height', 'taken', 'camera', 'gps',
+  'raw', 'raws', 'live_video']);
+const FACET_LABELS = {folder: 'Folder'};
+
+// The metadata pickers: the folder, and keys of an index's own whose values repeat (an album,
+// a source); a key with a value per item would be a list of file names.
 async function loadFilters() {
   let data;
   try { data = await api('/index/filters'); } catch (e) { return; }
   const box = $('filters');
   box.replaceChildren();
-  for (const facet of data.keys.slice(0, 12)) {
-    if (!facet.values.length) continue;
+  for (const facet of data.keys) {
+    const folder = facet.key === 'folder';
+    const values = facet.values.filter((v) => typeof v.value !== 'object');
+    if (FILE_FACTS.has(facet.key) || values.length < (folder ? 1 : 2)) continue;
+    if (!folder && (facet.more_values || values.every((v) => v.count === 1))) continue;
     const label = document.createElement('label');
     const caption = document.createElement('span');
-    caption.textContent = facet.key + ' (' + facet.count + ')';
+    caption.textContent = FACET_LABELS[facet.key] || facet.key;
     const select = document.createElement('select');
     const any = document.createElement('option');
     any.value = '';
-    any.textContent = 'any';
+    any.textContent = folder ? 'all folders' : 'any';
     select.append(any);
-    for (const v of facet.values) {
+    for (const v of values) {
       const option = document.createElement('option');
       option.value = JSON.stringify(v.value);
-      option.textContent = String(v.value) + ' (' + v.count + ')';
+      const shown = folder && (v.value === '' || v.value === '.') ? '(the top folder)' : String(v.value);
+      option.textContent = shown + ' (' + v.count + ')';
       select.append(option);
     }
     select.addEventListener('change', () => {
       if (select.value === '') delete state.filters[facet.key];
       else state.filters[facet.key] = JSON.parse(select.value);
-      const n = Object.keys(state.filters).length;
-      $('filter-count').textContent = n ? '(' + n + ' active)' : '';
-      if (state.query) run(true);
+      photoFilterChanged();
     });
     label.append(caption, select);
     box.append(label);
+    if (box.children.length === 6) break;
   }
   $('filters-box').hidden = box.children.length === 0 && $('photo-filters').hidden;
 }
@@ -283,6 +295,7 @@ async function run(reset) {
   const body = Object.assign({k: PAGE}, state.query);
   if (!reset && state.next) body.cursor = state.next;
   if ($('hybrid').checked && state.query.text !== undefined) body.mode = 'hybrid';
+  state.hybrid = body.mode === 'hybrid';
   if (state.weaker) body.cut = 'none';
   if ($('sort').value !== 'score' && state.query.mode !== 'browse') body.sort = $('sort').value;
   if (Object.keys(state.filters).length) body.filters = state.filters;
@@ -350,7 +363,9 @@ function render(data, from) {
     const caption = document.createElement('figcaption');
     const score = document.createElement('span');
     score.className = 'score';
-    score.textContent = browsing ? '' : hit.score.toFixed(3);
+    // a hybrid score is a fusion of two rankings (about 0.016 for a first place): its rank
+    // says what it means, its number does not
+    score.textContent = browsing ? '' : state.hybrid ? '#' + (i + 1) : hit.score.toFixed(3);
     const name = document.createElement('span');
     name.className = 'name';
     name.textContent = nameOf(hit);
@@ -382,6 +397,10 @@ function render(data, from) {
   } else if (left) {
     setStatus(n + (n === 1 ? ' match' : ' matches') + ' for ' + state.label +
       ' · the rest scored like unrelated words (' + data.cut.reason + ')', '');
+  } else if (state.hybrid) {
+    setStatus(n + (n === 1 ? ' result' : ' results') + ' for ' + state.label + ', best first · ' +
+      'ranked by what the pictures show and by the words in file names and captions together ' +
+      '(the numbers are ranks: #1 matched best, whatever its score)', '');
   } else {
     setStatus(n + (n === 1 ? ' result' : ' results') + ' for ' + state.label + ' · ' +
       (data.mode === 'exact' ? 'exact' : 'graph') + ' search · ' + data.model_id +
@@ -476,7 +495,9 @@ function openViewer(i) {
   setImage(img, hit.preview, false);
   img.alt = nameOf(hit);
   $('v-title').textContent = nameOf(hit);
-  $('v-score').textContent = 'score ' + hit.score.toFixed(4) + ' · ' + (i + 1) + ' of ' + state.hits.length;
+  $('v-score').textContent = (state.hybrid ?
+    'rank ' + (i + 1) + ' by pictures and words together (fused score ' + hit.score.toFixed(4) + ')' :
+    'score ' + hit.score.toFixed(4)) + ' · ' + (i + 1) + ' of ' + state.hits.length;
   $('v-path').textContent = String(hit.path || hit.id);
   metadataRows(hit.metadata);
   $('v-probs').replaceChildren();

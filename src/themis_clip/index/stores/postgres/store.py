@@ -56,12 +56,43 @@ from themis_clip.index.stores.rows import (
 from themis_clip.index.where import Where
 from themis_clip.index.wheresql import jsonb_text
 
-__all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact"]
+__all__ = ["PG_SCHEMA_VERSION", "PgStore", "redact", "writer_lock"]
 
 log = logging.getLogger(__name__)
 
 #: Connections one store opens at most (one per concurrent search or write).
 POOL_SIZE = 8
+#: pg_try_advisory_lock key an ``index`` run holds on its database ("themis" + 1)
+WRITER_LOCK = 0x7468656D6973 + 1
+
+
+@contextmanager
+def writer_lock(url: str, *, connect_timeout_s: int = 10) -> Iterator[None]:
+    """Hold the database's writer lock for the block: one ``index`` run at a time, as the
+    SQLite index's lock file allows (a second would embed every new file again beside the first).
+
+    A session advisory lock on a connection of its own: a killed holder's session ends and the
+    server releases it.
+
+    Raises:
+        SearchIndexError: another session holds it, or the server cannot be reached.
+    """
+    import psycopg
+
+    where = redact(url)
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout_s)
+    except psycopg.Error as exc:
+        raise SearchIndexError(
+            f"cannot connect to PostgreSQL at {where}: {first_line(exc)}"
+        ) from exc
+    with conn:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (WRITER_LOCK,)).fetchone()
+        if not row or not row[0]:
+            raise SearchIndexError(
+                f"another `themis-clip index` is updating {where}; run this one when it ends"
+            )
+        yield  # closing the connection ends the session, which releases the lock
 
 
 class PgStore:
