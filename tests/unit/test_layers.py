@@ -28,7 +28,7 @@ def test_every_module_is_in_a_layer_and_nothing_is_ignored() -> None:
 # (lock timeouts, connection set-up, decoder budgets).
 SINGLE_HOMES = {
     "filelock": "themis_clip.files",
-    "psycopg": "themis_clip.index.stores.postgres",
+    "psycopg": "themis_clip.index.stores.postgres.store",
     "rawpy": "themis_clip.preprocess.raw",
     "usearch": "themis_clip.index.ann",
     "ftfy": "themis_clip.preprocess.text",
