@@ -220,3 +220,31 @@ def test_a_damaged_jpeg_is_stood_in_for_by_its_raw(tmp_path: Path) -> None:
         scene().save(photos / "IMG_0001.jpg", quality=90)  # repaired: the JPEG is the item
         fixed = collection.index_folder(photos)
         assert (fixed.added, fixed.removed, fixed.failed) == (1, 1, []), fixed
+
+
+def test_every_raw_of_a_damaged_jpeg_stands_in_also_for_a_copy_of_its_bytes(
+    tmp_path: Path,
+) -> None:
+    # A second RAW of the name was counted as merged and stored nowhere; a damaged JPEG with
+    # the same bytes as another failed one lost its own RAWs (the copy skipped the stand-in).
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    garbage = b"\xff\xd8\xff\xe0 not a jpeg at all"
+    for stem in ("IMG_0001", "IMG_0002"):
+        (photos / f"{stem}.jpg").write_bytes(garbage)
+        write_dng(photos / f"{stem}.dng")
+    (photos / "IMG_0001.nef").write_bytes((photos / "IMG_0001.dng").read_bytes())
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
+    with Collection.open(tmp_path / "i.db", config) as collection:
+        report = collection.index_folder(photos)
+        names = {
+            Path(i.path or "").name
+            for i in collection.index.store.items_under(str(photos.resolve())).values()
+        }
+        assert names == {"IMG_0001.dng", "IMG_0001.nef", "IMG_0002.dng"}, (names, report)
+        failed = dict((Path(p).name, e) for p, e in report.failed)
+        assert "its RAWs IMG_0001.dng, IMG_0001.nef are indexed instead" in failed["IMG_0001.jpg"]
+        assert "its RAW IMG_0002.dng is indexed instead" in failed["IMG_0002.jpg"]
+        assert report.merged == 0, report  # every RAW is an item of its own
+        again = collection.index_folder(photos)
+        assert "indexed instead" in dict(again.failed)[str(photos / "IMG_0002.jpg")]

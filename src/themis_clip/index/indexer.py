@@ -187,6 +187,24 @@ def _to_embed(
     return out
 
 
+def _names(companions: Mapping[str, str | list[str]]) -> list[str]:
+    """The RAW file names a still's companions record (``raws``, else ``raw``)."""
+    raws = companions.get("raws") or companions.get("raw") or []
+    return [raws] if isinstance(raws, str) else list(raws)
+
+
+def _stood_in(raws: list[Path]) -> str:
+    """The note on a still that cannot be read whose RAWs are indexed in its place."""
+    if not raws:
+        return ""
+    names = ", ".join(p.name for p in raws)
+    return (
+        f" (its RAW {names} is indexed instead)"
+        if len(raws) == 1
+        else (f" (its RAWs {names} are indexed instead)")
+    )
+
+
 def _index_stand_ins(
     raws: list[Path],
     store: Store,
@@ -289,7 +307,8 @@ def index_folder(
     if companions:
         metadata = _with_companions(metadata, companions)
     # A still that cannot be read is stood in for by its RAW (embedded on its own instead)
-    twins = {s: s.parent / str(m["raw"]) for s, m in companions.items() if "raw" in m}
+    # (every RAW of its name, each an item of its own, as where there is no still)
+    twins = {s: [s.parent / n for n in _names(m)] for s, m in companions.items() if "raw" in m}
     stand_ins: list[Path] = []
     for path in walked:
         key = str(path)
@@ -317,8 +336,8 @@ def index_folder(
             continue
         failed = failures.get(key)
         if failed is not None and failed[:2] == (st.st_size, st.st_mtime_ns):
-            report.failed.append((key, failed[2]))
-            stand_ins += [twins[path]] if path in twins else []
+            report.failed.append((key, failed[2] + _stood_in(twins.get(path, []))))
+            stand_ins += twins.get(path, [])
             continue
         todo.append((path, st, None))
     vanished = set(known) - seen
@@ -378,9 +397,8 @@ def index_folder(
                     message = f"{r.error or 'unknown error'} (its earlier entry is removed)"
                 else:
                     message = r.error or "unknown error"
-                if path in twins:
-                    stand_ins.append(twins[path])
-                    message += f" (its RAW {twins[path].name} is indexed instead)"
+                stand_ins += twins.get(path, [])
+                message += _stood_in(twins.get(path, []))
                 report.failed.append((str(path), message))
         store.upsert(rows, dim=stamp.dim)  # one transaction per chunk: resumable
         store.record_failures(failed_rows)
@@ -394,7 +412,8 @@ def index_folder(
             cause = next((e for p, e in report.failed if p == first), "unreadable")
             error = f"the same bytes as {first}, which failed: {cause}"
             store.record_failures([(str(path), st.st_size, st.st_mtime_ns, error)])
-            report.failed.append((str(path), error))
+            report.failed.append((str(path), error + _stood_in(twins.get(path, []))))
+            stand_ins += twins.get(path, [])
             continue
         store.upsert([_row(path, st, digest, vector, folder, metadata)], dim=stamp.dim)
         report.duplicates += 1
