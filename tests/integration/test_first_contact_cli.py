@@ -432,3 +432,14 @@ def test_an_index_on_read_only_media_is_searched_and_writing_says_why(
     )
     assert write.returncode == 2 and "Traceback" not in write.stderr, write.stderr
     assert "read-only" in write.stderr, write.stderr
+
+
+def test_a_part_named_like_a_folder_here_is_text_with_a_note(photos: Path, tmp_path: Path) -> None:
+    assert cli("index", str(photos), cwd=tmp_path).returncode == 0
+    # "photos" is a word and a folder in the working directory: read as text, and said so
+    found = cli("search", "a red square", "--add", "photos", "--cut", "none", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert "'photos' is read as text; a folder of that name is here" in found.stderr
+    assert "red.png" in found.stdout
+    plain = cli("search", "a red square", "--add", "sunset", "--cut", "none", cwd=tmp_path)
+    assert plain.returncode == 0 and "read as text" not in plain.stderr, plain.stderr

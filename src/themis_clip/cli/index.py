@@ -266,6 +266,13 @@ def _cmd_search(args: argparse.Namespace) -> int:
         _print_hits(found, as_json=args.json)
         return 0
     query = Query(text=args.query, image=args.image, add=args.add, subtract=args.subtract)
+    for value in [*(args.add or []), *(args.subtract or [])]:
+        if Path(value).is_dir():  # "holiday": a word, though a folder here bears the name
+            print(
+                f"themis-clip: note: {value!r} is read as text; a folder of that name is here, "
+                "but a part is one image file or a text",
+                file=sys.stderr,
+            )
     with Collection.open(location, config_from(args), readonly=True) as collection:
         matches = collection.search(
             query,
