@@ -69,7 +69,6 @@ __all__ = [
     "ImagePreprocessor",
     "decode_image",
     "image_dimensions",
-    "image_size",
     "preprocess_image",
     "readable_formats",
     "same_pixels",
@@ -345,30 +344,17 @@ def same_pixels(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     return first.size == second.size and first.tobytes() == second.tobytes()
 
 
-def image_dimensions(path: str | os.PathLike[str]) -> tuple[int, int] | None:
-    """``(width, height)`` from an image file's header (no pixels decoded); None if unreadable.
-
-    The stored size, before any EXIF orientation is applied.
-    """
+def image_dimensions(source: str | os.PathLike[str] | bytes) -> tuple[int, int] | None:
+    """``(width, height)`` from an image's header, a file or encoded bytes (no pixels decoded);
+    None if unreadable. The stored size, before any EXIF orientation is applied."""
     try:
-        with open_regular(path) as fp:
+        with io.BytesIO(source) if isinstance(source, bytes) else open_regular(source) as fp:
             if is_jxl(fp.read(12)):  # its plugin decodes every pixel to open it: not opened
                 fp.seek(0)
                 return jxl_size(fp.read(1 << 20))
             fp.seek(0)
-            with _open(fp, str(path)) as img:
+            with _open(fp, "image" if isinstance(source, bytes) else str(source)) as img:
                 width, height = img.size
-    except (InputError, OSError):
-        return None
-    return int(width), int(height)
-
-
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """``(width, height)`` of encoded image bytes from the header (no pixels decoded); None if
-    unreadable. The stored size, before any EXIF orientation, as Pillow reports it."""
-    try:
-        with _open(io.BytesIO(data), "image") as img:
-            width, height = img.size
     except (InputError, OSError):
         return None
     return int(width), int(height)
@@ -382,8 +368,8 @@ def describe_image(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def readable_formats() -> tuple[str, ...]:
-    prepare_pillow()
     """Pillow format names this process can decode (``PluginInfo.supported_formats``)."""
+    prepare_pillow()
     Image.init()
     return tuple(sorted(Image.OPEN))
 

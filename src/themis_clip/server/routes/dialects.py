@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
 from themis_clip.interface import EmbeddingResult
-from themis_clip.preprocess.image import image_size
+from themis_clip.preprocess.image import image_dimensions
 from themis_clip.server.access import BY_NETWORK, PUBLIC, SEARCH
 from themis_clip.server.bodies import documented, json_body, json_text, parse_json
 from themis_clip.server.errors import APIError
@@ -208,7 +208,7 @@ async def predict(request: Request, state: StateDep) -> dict[str, Any]:
         if data is None:
             raise APIError(422, "ValidationError", "clip.visual needs an 'image' file")
         (result,) = await state.embed_parts([Part(image=data)], where="image")
-        size = image_size(data) or (0, 0)
+        size = image_dimensions(data) or (0, 0)
         return {
             "clip": json_text(_embedding(result)),
             "imageHeight": size[1],
