@@ -1,0 +1,93 @@
+"""The pictures OCR reads: decoded once, then resized for detection and cut into text lines.
+
+The crops follow PaddleOCR's ``get_rotate_crop_image``: each detected quadrilateral is warped to
+an upright rectangle at its own size, turned a quarter when it is at least 1.5 times taller than
+wide (vertical or 90°-rotated text), then resized to the recogniser's height (Pillow's
+antialiasing resize; PaddleOCR's OpenCV resize does not antialias).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from themis_clip.interface import ImageData
+from themis_clip.preprocess.image import decode_image
+from themis_clip.vocabulary import DEFAULT_MAX_IMAGE_PIXELS
+
+__all__ = ["OCRPicture", "decode_for_ocr", "squeeze_width"]
+
+
+class OCRPicture:
+    """A decoded RGB picture and the arrays OCR takes from it (HWC uint8, RGB)."""
+
+    def __init__(self, image: Image.Image) -> None:
+        self._image = image
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels."""
+        return self._image.size
+
+    def resized(self, width: int, height: int) -> npt.NDArray[np.uint8]:
+        """The whole picture resized to ``width`` × ``height`` (bilinear, antialiased)."""
+        img = self._image
+        if img.size != (width, height):
+            img = img.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=2.0)
+        return np.asarray(img, dtype=np.uint8)
+
+    def line(self, quad: npt.NDArray[np.float32], *, height: int, max_width: int) -> Any:
+        """The text line inside ``quad`` (4×2 points clockwise from its top-left, in pixels),
+        upright and ``height`` pixels high, at most ``max_width`` wide."""
+        q = np.asarray(quad, dtype=np.float64)
+        w = max(1, round(max(np.linalg.norm(q[1] - q[0]), np.linalg.norm(q[2] - q[3]))))
+        h = max(1, round(max(np.linalg.norm(q[3] - q[0]), np.linalg.norm(q[2] - q[1]))))
+        # QUAD takes the source corners as upper-left, lower-left, lower-right, upper-right.
+        data = tuple(float(v) for v in q[[0, 3, 2, 1]].ravel())
+        crop = self._image.transform(
+            (w, h), Image.Transform.QUAD, data, resample=Image.Resampling.BILINEAR
+        )
+        if h >= 1.5 * w:
+            crop = crop.transpose(Image.Transpose.ROTATE_90)
+            w, h = h, w
+        out_w = max(1, min(max_width, math.ceil(height * w / h)))
+        return np.asarray(crop.resize((out_w, height), Image.Resampling.BILINEAR), np.uint8)
+
+
+def squeeze_width(lines: Sequence[npt.NDArray[np.uint8]], max_width: int) -> list[Any]:
+    """``lines`` with those wider than ``max_width`` squeezed to it (the classifier's input)."""
+    out: list[Any] = []
+    for arr in lines:
+        if arr.shape[1] <= max_width:
+            out.append(arr)
+        else:
+            img = Image.fromarray(arr).resize((max_width, arr.shape[0]), Image.Resampling.BILINEAR)
+            out.append(np.asarray(img, dtype=np.uint8))
+    return out
+
+
+def decode_for_ocr(
+    data: ImageData,
+    *,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    apply_exif: bool = True,
+    reserve: Callable[[int, int], None] | None = None,
+) -> OCRPicture:
+    """Decode ``data`` at full size (boxes are reported in its pixels), upright, as RGB.
+
+    ``reserve``: as :func:`decode_image` (a pixel budget's lease holds the decode).
+
+    Raises:
+        ImageDecodeError, ImageTooLargeError, InputError: as :func:`decode_image`.
+    """
+    img = decode_image(
+        data, max_image_pixels=max_image_pixels, apply_exif=apply_exif, reserve=reserve
+    )
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return OCRPicture(img)
