@@ -132,8 +132,10 @@ def background(rng: np.random.Generator, size: tuple[int, int]) -> Image.Image:
     return Image.fromarray(np.clip(np.asarray(img, np.float64) + noise, 0, 255).astype(np.uint8))
 
 
-def _sign(rng: np.random.Generator, font: Path, scale: float) -> tuple[Image.Image, list[str]]:
-    word = str(rng.choice(SIGN_WORDS))
+def _sign(
+    rng: np.random.Generator, font: Path, scale: float, word: str | None = None
+) -> tuple[Image.Image, list[str]]:
+    word = word or str(rng.choice(SIGN_WORDS))
     f = ImageFont.truetype(str(font), int(70 * scale))
     box = f.getbbox(word)
     pad = int(24 * scale)
@@ -199,15 +201,19 @@ def make_scene(
     rotation: int = 0,
     tilt: float = 0.0,
     quality: int = 85,
+    word: str | None = None,
 ) -> Scene:
-    """One scene of ``kind`` (sign, receipt, screen, landscape) saved as a JPEG at ``path``."""
+    """One scene of ``kind`` (sign, receipt, screen, landscape) saved as a JPEG at ``path``
+    (a sign shows ``word`` when given)."""
     rng = np.random.default_rng(seed)
     img = background(rng, size)
     words: list[str] = []
     if kind != "landscape":
         scale = size[0] / 1024 * float(rng.uniform(0.8, 1.3))
-        maker = {"sign": _sign, "receipt": _receipt, "screen": _screen}[kind]
-        layer, words = maker(rng, font, scale)
+        if kind == "sign":
+            layer, words = _sign(rng, font, scale, word)
+        else:
+            layer, words = {"receipt": _receipt, "screen": _screen}[kind](rng, font, scale)
         layer = _perspective(layer, rng, 0.06)
         turn = rotation + tilt
         if turn:

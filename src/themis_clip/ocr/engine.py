@@ -228,7 +228,7 @@ class OCREngine:
             return OCRResult(lines=(), width=width, height=height, gated=True)
         prob, scale = self._probability_map(picture, self.config.detection_side)
         quads, _ = boxes_from_map(prob, scale, (width, height), self._db)
-        quads = [quads[i] for i in reading_order(quads)]
+        quads = [_upright(quads[i]) for i in reading_order(quads)]
         if not quads:
             return OCRResult(lines=(), width=width, height=height)
         crops = [
@@ -270,6 +270,15 @@ class OCREngine:
             for i, decoded in zip(idx, ctc_decode(probs, self._alphabet), strict=True):
                 out[i] = decoded
         return out
+
+
+def _upright(quad: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """``quad`` starting at the corner that makes the line wider than tall: a box at least 1.5
+    times taller than wide is read turned a quarter counter-clockwise (PaddleOCR's rule; the
+    classifier then sets right the lines this leaves upside down)."""
+    width = np.linalg.norm(quad[1] - quad[0])
+    height = np.linalg.norm(quad[3] - quad[0])
+    return np.roll(quad, -1, axis=0) if height >= 1.5 * width else quad
 
 
 def _alphabet(spec: OCRModelSpec, recognizer: ORTSession) -> list[str]:

@@ -1,8 +1,7 @@
 """The pictures OCR reads: decoded once, then resized for detection and cut into text lines.
 
 The crops follow PaddleOCR's ``get_rotate_crop_image``: each detected quadrilateral is warped to
-an upright rectangle at its own size, turned a quarter when it is at least 1.5 times taller than
-wide (vertical or 90°-rotated text), then resized to the recogniser's height (Pillow's
+an upright rectangle at its own size, then resized to the recogniser's height (Pillow's
 antialiasing resize; PaddleOCR's OpenCV resize does not antialias).
 """
 
@@ -42,8 +41,8 @@ class OCRPicture:
         return np.asarray(img, dtype=np.uint8)
 
     def line(self, quad: npt.NDArray[np.float32], *, height: int, max_width: int) -> Any:
-        """The text line inside ``quad`` (4×2 points clockwise from its top-left, in pixels),
-        upright and ``height`` pixels high, at most ``max_width`` wide."""
+        """The text line inside ``quad`` (4×2 points clockwise from the line's top-left, in
+        pixels), warped upright, ``height`` pixels high and at most ``max_width`` wide."""
         q = np.asarray(quad, dtype=np.float64)
         w = max(1, round(max(np.linalg.norm(q[1] - q[0]), np.linalg.norm(q[2] - q[3]))))
         h = max(1, round(max(np.linalg.norm(q[3] - q[0]), np.linalg.norm(q[2] - q[1]))))
@@ -52,9 +51,6 @@ class OCRPicture:
         crop = self._image.transform(
             (w, h), Image.Transform.QUAD, data, resample=Image.Resampling.BILINEAR
         )
-        if h >= 1.5 * w:
-            crop = crop.transpose(Image.Transpose.ROTATE_90)
-            w, h = h, w
         out_w = max(1, min(max_width, math.ceil(height * w / h)))
         return np.asarray(crop.resize((out_w, height), Image.Resampling.BILINEAR), np.uint8)
 
