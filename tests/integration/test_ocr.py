@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.ocr_gallery import fonts, make_scene, words_found
 from themis_clip.config import OCRConfig
@@ -51,6 +52,14 @@ def test_the_gate_skips_a_landscape_and_lets_a_sign_through(
     result = engine.read_text(landscape)
     assert result.gated and result.lines == ()
     assert engine.has_text(sign(tmp_path)) is True
+    # A big JPEG is gated on a DCT-scaled decode; the result still has its upright size.
+    big = tmp_path / "big.jpg"
+    make_scene(big, kind="landscape", font=FONTS[0], seed=12, size=(3200, 2400))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # shown turned a quarter: 2400 wide, 3200 high
+    Image.open(big).save(big, format="JPEG", exif=exif)
+    gated = engine.read_text(big)
+    assert gated.gated and (gated.width, gated.height) == (2400, 3200)
 
 
 @pytest.mark.slow

@@ -166,13 +166,24 @@ class OCREngine:
         """
         start = time.perf_counter()
         lease = self._budget.lease() if self._budget is not None else None
+        reserve = lease.take_bytes if lease is not None else None
+        gate = self.config.gate
         try:
             picture = decode_for_ocr(
                 image,
                 max_image_pixels=self._max_pixels,
-                reserve=lease.take_bytes if lease is not None else None,
+                reserve=reserve,
+                draft_min_side=2 * self.config.gate_side if gate else None,
             )
-            result = self._read(picture)
+            if gate and not self._gate(picture):
+                width, height = picture.full_size
+                result = OCRResult(lines=(), width=width, height=height, gated=True)
+            else:
+                if picture.reduced:
+                    picture = decode_for_ocr(
+                        image, max_image_pixels=self._max_pixels, reserve=reserve
+                    )
+                result = self._read(picture)
         finally:
             if lease is not None:
                 lease.release()
@@ -189,7 +200,10 @@ class OCREngine:
 
     def has_text(self, image: ImageData) -> bool:
         """The gate alone: whether ``image`` may hold text (what :meth:`read_text` skips on)."""
-        return self._gate(decode_for_ocr(image, max_image_pixels=self._max_pixels))
+        picture = decode_for_ocr(
+            image, max_image_pixels=self._max_pixels, draft_min_side=2 * self.config.gate_side
+        )
+        return self._gate(picture)
 
     def stats(self) -> dict[str, Any]:
         """Pictures read, how many the gate skipped, lines found, mean time per picture."""
@@ -224,8 +238,6 @@ class OCREngine:
 
     def _read(self, picture: OCRPicture) -> OCRResult:
         width, height = picture.size
-        if self.config.gate and not self._gate(picture):
-            return OCRResult(lines=(), width=width, height=height, gated=True)
         prob, scale = self._probability_map(picture, self.config.detection_side)
         quads, _ = boxes_from_map(prob, scale, (width, height), self._db)
         quads = [_upright(quads[i]) for i in reading_order(quads)]
