@@ -150,6 +150,9 @@ def test_an_immich_style_folder_with_a_character_list_loads(tmp_path: Path) -> N
         e.close()
 
 
-def test_bad_input_is_a_named_error(engine: OCREngine) -> None:
+def test_bad_input_is_a_named_error_and_a_tiny_picture_reads_empty(engine: OCREngine) -> None:
     with pytest.raises(ImageDecodeError):
         engine.read_text(b"not an image at all")
+    for size in ((1, 1), (3, 2000)):
+        tiny = engine.read_text(np.full((size[1], size[0], 3), 255, dtype=np.uint8))
+        assert tiny.lines == () and (tiny.width, tiny.height) == size

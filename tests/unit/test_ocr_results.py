@@ -92,3 +92,15 @@ def test_missing_or_ambiguous_models_are_named(tmp_path: Path) -> None:
     touch(tmp_path / "b_rec.onnx")
     with pytest.raises(ModelNotFoundError, match=r"2 \(a_rec.onnx, b_rec.onnx\) recognition"):
         locate_ocr_models(str(tmp_path))
+
+
+def test_a_damaged_model_is_a_named_format_error(tmp_path: Path) -> None:
+    from themis_clip.config import OCRConfig
+    from themis_clip.errors import ModelFormatError
+    from themis_clip.interface import BackendType
+    from themis_clip.ocr import OCREngine
+
+    for name in ("x_det.onnx", "x_rec.onnx"):
+        (tmp_path / name).write_bytes(b"not a model")
+    with pytest.raises(ModelFormatError, match="OCR detection"):
+        OCREngine.load(OCRConfig(models=str(tmp_path)), backend=BackendType.CPU)

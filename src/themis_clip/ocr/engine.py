@@ -49,9 +49,8 @@ _CLS_FLIP_P = 0.9  # PaddleOCR's cls_thresh
 
 def detector_size(width: int, height: int, short_side: int) -> tuple[int, int]:
     """The detector's input size for a picture: shorter side ``short_side`` (a panorama's
-    longer side at most 4× that), both multiples of 32."""
-    ratio = short_side / min(width, height)
-    ratio = min(ratio, 4 * short_side / max(width, height))
+    longer side at most 4× that; a small picture enlarged at most 2×), multiples of 32."""
+    ratio = min(short_side / min(width, height), 4 * short_side / max(width, height), 2.0)
     return (
         max(32, round(width * ratio / 32) * 32),
         max(32, round(height * ratio / 32) * 32),
@@ -69,8 +68,11 @@ class _Counts:
 class OCREngine:
     """PP-OCR text reading on ONNX Runtime.
 
+    Build it with :meth:`load`; it is thread-safe (ONNX Runtime sessions run concurrently).
+
     Args:
-        sessions: detector, recogniser and (optional) classifier sessions.
+        detector: recognizer: classifier: the three sessions (no classifier: lines are read
+            as found, upside-down ones included).
         alphabet: the recogniser's characters.
         config: thresholds and sizes.
         label: the model set's name.
@@ -135,22 +137,30 @@ class OCREngine:
             except BackendUnavailableError as exc:
                 failures.append(str(exc))
                 continue
-            rec = create_session(spec.recognition, plan, settings, name="OCR recognition")
-            clf = (
-                create_session(spec.classifier, plan, settings, name="OCR direction classifier")
-                if spec.classifier is not None
-                else None
-            )
-            engine = cls(
-                detector=det,
-                recognizer=rec,
-                classifier=clf,
-                alphabet=_alphabet(spec, rec),
-                config=config,
-                label=spec.label,
-                max_image_pixels=max_image_pixels,
-                budget=budget,
-            )
+            opened = [det]
+            try:
+                rec = create_session(spec.recognition, plan, settings, name="OCR recognition")
+                opened.append(rec)
+                clf = None
+                if spec.classifier is not None:
+                    clf = create_session(
+                        spec.classifier, plan, settings, name="OCR direction classifier"
+                    )
+                    opened.append(clf)
+                engine = cls(
+                    detector=det,
+                    recognizer=rec,
+                    classifier=clf,
+                    alphabet=_alphabet(spec, rec),
+                    config=config,
+                    label=spec.label,
+                    max_image_pixels=max_image_pixels,
+                    budget=budget,
+                )
+            except BaseException:
+                for session in opened:
+                    session.close()
+                raise
             log.info("OCR models %s loaded on %s", spec.label, det.providers[0])
             return engine
         raise BackendUnavailableError("; ".join(failures) or "no execution provider usable")
