@@ -252,9 +252,8 @@ class OCRConfig:
         enabled: read text when indexing.
         models: a folder of PaddleOCR ONNX models (detector, recogniser, optional direction
             classifier); None: the PP-OCRv4 set the ``rapidocr-onnxruntime`` wheel installs.
-        gate: run the detector small first and skip pictures where it sees no text.
-        gate_side: the gate's shorter side in pixels.
-        gate_min_pixels: text pixels the gate needs to see to let a picture through.
+        gate: run the detector small first (``gate_side``, its shorter side in pixels) and
+            skip pictures where it finds no text region.
         detection_side: the detector's shorter side in pixels (PaddleOCR's 736).
         box_threshold: mean text probability a detected region needs.
         min_confidence: lines read with a lower confidence are dropped.
@@ -263,8 +262,7 @@ class OCRConfig:
     enabled: bool = False
     models: str | None = None
     gate: bool = True
-    gate_side: int = 320
-    gate_min_pixels: int = 8
+    gate_side: int = 416
     detection_side: int = 736
     box_threshold: float = 0.5
     min_confidence: float = 0.5
@@ -276,7 +274,6 @@ class OCRConfig:
                 raise ConfigError(
                     f"must be an integer from 32 to 4096, got {value!r}", key=f"ocr.{key}"
                 )
-        _check_positive(self.gate_min_pixels, "ocr.gate_min_pixels")
         for key in ("box_threshold", "min_confidence"):
             value = getattr(self, key)
             if not (isinstance(value, int | float) and 0 <= value <= 1):
@@ -464,8 +461,7 @@ class PluginConfig:
             enabled=ocr_r.get("enabled", bool, False),
             models=ocr_r.path("models"),
             gate=ocr_r.get("gate", bool, True),
-            gate_side=ocr_r.get("gate_side", int, 320),
-            gate_min_pixels=ocr_r.get("gate_min_pixels", int, 8),
+            gate_side=ocr_r.get("gate_side", int, 416),
             detection_side=ocr_r.get("detection_side", int, 736),
             box_threshold=ocr_r.number("box_threshold", 0.5),
             min_confidence=ocr_r.number("min_confidence", 0.5),

@@ -189,7 +189,6 @@ FULL = {
         "models": "/ocr",
         "gate": False,
         "gate_side": 256,
-        "gate_min_pixels": 3,
         "detection_side": 960,
         "box_threshold": 0.6,
         "min_confidence": 0.7,

@@ -183,7 +183,7 @@ class OCREngine:
                 image,
                 max_image_pixels=self._max_pixels,
                 reserve=reserve,
-                draft_min_side=2 * self.config.gate_side if gate else None,
+                draft_min_side=self.config.gate_side if gate else None,
             )
             if gate and not self._gate(picture):
                 width, height = picture.full_size
@@ -211,7 +211,7 @@ class OCREngine:
     def has_text(self, image: ImageData) -> bool:
         """The gate alone: whether ``image`` may hold text (what :meth:`read_text` skips on)."""
         picture = decode_for_ocr(
-            image, max_image_pixels=self._max_pixels, draft_min_side=2 * self.config.gate_side
+            image, max_image_pixels=self._max_pixels, draft_min_side=self.config.gate_side
         )
         return self._gate(picture)
 
@@ -243,8 +243,9 @@ class OCREngine:
         return out[0, 0], (picture.size[0] / w, picture.size[1] / h)
 
     def _gate(self, picture: OCRPicture) -> bool:
-        prob, _ = self._probability_map(picture, self.config.gate_side)
-        return int(np.count_nonzero(prob > self._db.threshold)) >= self.config.gate_min_pixels
+        prob, scale = self._probability_map(picture, self.config.gate_side)
+        quads, _ = boxes_from_map(prob, scale, picture.size, self._db)
+        return bool(quads)
 
     def _read(self, picture: OCRPicture) -> OCRResult:
         width, height = picture.size
