@@ -12,7 +12,8 @@ default backend:
 - recall of the words of at least 4 letters, by kind, rotation and text size: read as a word,
   and found as a substring (what a trigram search matches);
 - the gate's false-negative rate (text scenes it would skip) and how many landscapes it lets
-  through (each costs a full detection).
+  through (each costs a full read), at the default ``gate_side`` and, for the trade-off, at
+  other sides (time per 1024x768 picture, decode included).
 
 Run: .venv/bin/python bench/bench_ocr.py [--count 48] [--rounds 3]
 """
@@ -30,6 +31,8 @@ from pathlib import Path
 from tests.ocr_gallery import build_gallery, fonts, make_scene, words_found
 from themis_clip.config import OCRConfig
 from themis_clip.ocr import OCREngine
+
+SIDES = (320, 384, 416, 480)
 
 
 def timed(fn, rounds: int) -> tuple[float, float]:
@@ -119,6 +122,19 @@ def main() -> None:
         )
         for line in misses[:12]:
             print("  miss:", line)
+
+        print(
+            "\n| gate_side | text scenes skipped | landscapes let through | gate ms per picture |"
+        )
+        print("|---:|---:|---:|---:|")
+        for side in SIDES:
+            gate = OCREngine.load(replace(engine.config, gate_side=side))
+            t0 = time.perf_counter()
+            verdicts = [(s.kind == "landscape", gate.has_text(s.path)) for s in scenes]
+            ms = (time.perf_counter() - t0) * 1000 / len(scenes)
+            skipped = sum(not passed for empty, passed in verdicts if not empty)
+            through = sum(passed for empty, passed in verdicts if empty)
+            print(f"| {side} | {skipped}/{with_text} | {through}/{landscapes} | {ms:.0f} |")
 
 
 if __name__ == "__main__":
