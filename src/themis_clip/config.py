@@ -251,7 +251,8 @@ class OCRConfig:
     Attributes:
         enabled: read text when indexing.
         models: a folder of PaddleOCR ONNX models (detector, recogniser, optional direction
-            classifier); None: the PP-OCRv4 set the ``rapidocr-onnxruntime`` wheel installs.
+            classifier) or a Hub repo id in immich's layout; None: the PP-OCRv4 set the
+            ``rapidocr-onnxruntime`` wheel installs.
         gate: run the detector small first (``gate_side``, its shorter side in pixels) and
             skip pictures where it finds no text region.
         detection_side: the detector's shorter side in pixels (PaddleOCR's 736).
@@ -459,7 +460,7 @@ class PluginConfig:
         ocr_r = r.section("ocr")
         ocr = OCRConfig(
             enabled=ocr_r.get("enabled", bool, False),
-            models=ocr_r.path("models"),
+            models=ocr_r.path("models", name_ok=True),
             gate=ocr_r.get("gate", bool, True),
             gate_side=ocr_r.get("gate_side", int, 416),
             detection_side=ocr_r.get("detection_side", int, 736),

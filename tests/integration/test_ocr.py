@@ -5,7 +5,10 @@ lines agree with RapidOCR's own pipeline (the independent reference)."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -14,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.hub_server import FakeHub
 from tests.ocr_gallery import fonts, make_scene, words_found
 from themis_clip.config import OCRConfig
 from themis_clip.errors import ImageDecodeError, ModelFormatError
@@ -156,3 +160,57 @@ def test_bad_input_is_a_named_error_and_a_tiny_picture_reads_empty(engine: OCREn
     for size in ((1, 1), (3, 2000)):
         tiny = engine.read_text(np.full((size[1], size[0], 3), 255, dtype=np.uint8))
         assert tiny.lines == () and (tiny.width, tiny.height) == size
+
+
+READ_BY_NAME = """
+import sys
+from themis_clip.config import OCRConfig
+from themis_clip.interface import BackendType
+from themis_clip.ocr import OCREngine
+engine = OCREngine.load(OCRConfig(models=sys.argv[1]), backend=BackendType.CPU)
+print(engine.label, "|", engine.read_text(sys.argv[2]).text.replace(chr(10), " "))
+"""
+
+
+@pytest.mark.slow
+def test_an_immich_ocr_repo_is_pulled_by_name_then_read_offline(tmp_path: Path) -> None:
+    wheel = locate_ocr_models()
+    assert wheel.classifier is not None
+    repo = tmp_path / "repo"
+    for rel, src in (
+        ("detection/model.onnx", wheel.detection),
+        ("recognition/model.onnx", wheel.recognition),
+        ("textline_orientation/model.onnx", wheel.classifier),
+    ):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, repo / rel)
+    (repo / "detection" / "fp16").mkdir()
+    (repo / "detection" / "fp16" / "model.onnx").write_bytes(b"not for us" * 100)
+    picture = sign(tmp_path)
+    name = "immich-app/PP-OCRv5_mobile"
+    with FakeHub() as hub:
+        hub.add(name, repo)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+        env.update(
+            HF_ENDPOINT=hub.url,
+            HF_HUB_CACHE=str(tmp_path / "hf-cache"),
+            HF_HUB_DISABLE_TELEMETRY="1",
+            HF_HUB_DISABLE_XET="1",
+        )
+        for offline in (False, True):
+            done = subprocess.run(
+                [sys.executable, "-c", READ_BY_NAME, name, str(picture)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=dict(env, HF_HUB_OFFLINE="1") if offline else env,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() == f"{name} | STARBUCKS"
+        fetched = {k.removeprefix(name + "/") for k in hub.downloads}
+    assert fetched == {
+        "detection/model.onnx",
+        "recognition/model.onnx",
+        "textline_orientation/model.onnx",
+    }

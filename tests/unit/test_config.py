@@ -251,6 +251,9 @@ def test_search_section_takes_a_url_or_a_path_relative_to_the_file(tmp_path: Pat
 def test_the_ocr_section_is_read_and_checked(tmp_path: Path) -> None:
     base = {"model": {"path": "m.onnx"}}
     assert PluginConfig.from_dict(base).ocr.enabled is False
+    hub = PluginConfig.from_dict({**base, "ocr": {"models": "immich-app/PP-OCRv5_mobile"}})
+    assert hub.ocr.models == "immich-app/PP-OCRv5_mobile"  # a Hub name stays a name
+    (tmp_path / "ocr").mkdir()  # an existing folder wins, relative to the config file
     config = PluginConfig.from_dict(
         {**base, "ocr": {"enabled": True, "models": "ocr", "gate": False, "detection_side": 960}},
         base_dir=tmp_path,

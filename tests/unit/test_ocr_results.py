@@ -83,7 +83,7 @@ def test_a_rapidocr_layout_is_located(tmp_path: Path) -> None:
 
 
 def test_missing_or_ambiguous_models_are_named(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="not found"):
+    with pytest.raises(ModelNotFoundError, match="path not found"):
         locate_ocr_models(str(tmp_path / "nowhere"))
     touch(tmp_path / "a_det.onnx")
     with pytest.raises(ModelNotFoundError, match="no recognition model"):

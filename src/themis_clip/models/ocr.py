@@ -8,7 +8,8 @@ Two layouts are read, both as plain folders (the loader never imports a peer's p
 - immich's (``detection/model.onnx``, ``recognition/model.onnx``, optionally
   ``textline_orientation/model.onnx`` or ``classification/model.onnx``), and any folder with a
   character list beside the recogniser (``*.txt``, one character a line) when its ONNX
-  metadata carries none.
+  metadata carries none. Such a folder on the Hub is named by its repo id
+  (``immich-app/PP-OCRv5_mobile``) and pulled and verified like a CLIP model.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from themis_clip.errors import ModelNotFoundError
+from themis_clip.models.hub import resolve
 
 __all__ = ["OCR_WHEEL", "OCRModelSpec", "locate_ocr_models"]
 
@@ -44,11 +46,13 @@ class OCRModelSpec:
     label: str
 
 
-def locate_ocr_models(source: str | None = None) -> OCRModelSpec:
-    """The OCR model set in folder ``source``, or (None) the one the installed wheel ships.
+def locate_ocr_models(source: str | None = None, *, allow_download: bool = True) -> OCRModelSpec:
+    """The OCR model set in folder ``source`` (or a Hub repo id: pulled, unless not
+    ``allow_download``, into the model cache), or (None) the one the installed wheel ships.
 
     Raises:
-        ModelNotFoundError: no such folder, the wheel is not installed, or a model is missing.
+        ModelNotFoundError: no such folder or repo, the wheel is not installed, or a model is
+            missing. ModelFormatError, IntegrityError: as a Hub pull.
     """
     if source is None:
         try:
@@ -62,10 +66,10 @@ def locate_ocr_models(source: str | None = None) -> OCRModelSpec:
         folder = Path(str(dist.locate_file(_WHEEL_FOLDER)))
         label = f"{OCR_WHEEL} {dist.version}"
     else:
-        folder = Path(source).expanduser()
-        label = str(folder)
+        folder = resolve(source, allow_download=allow_download).path
+        label = source
     if not folder.is_dir():
-        raise ModelNotFoundError(f"OCR model folder not found: {folder}")
+        raise ModelNotFoundError(f"OCR models: not a folder: {folder}")
     detection = _one(folder, ("detection/model.onnx",), "*det*.onnx", "detection")
     recognition = _one(folder, ("recognition/model.onnx",), "*rec*.onnx", "recognition")
     classifiers = _find(

@@ -117,14 +117,16 @@ class OCREngine:
         available: Sequence[str] | None = None,
         max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
         budget: PixelBudget | None = None,
+        allow_download: bool = True,
     ) -> OCREngine:
-        """Locate ``config.models`` (None: the installed wheel's) and open its sessions.
+        """Locate ``config.models`` (None: the installed wheel's; a Hub repo id is pulled
+        unless not ``allow_download``) and open its sessions.
 
         Raises:
             ModelNotFoundError, ModelFormatError, BackendUnavailableError.
         """
         settings = settings or SessionSettings()
-        spec = locate_ocr_models(config.models)
+        spec = locate_ocr_models(config.models, allow_download=allow_download)
         plans = plan_providers(
             backend,
             available if available is not None else available_providers(),
