@@ -123,7 +123,11 @@ class OCREngine:
         unless not ``allow_download``) and open its sessions.
 
         Raises:
-            ModelNotFoundError, ModelFormatError, BackendUnavailableError.
+            ModelNotFoundError: no models there (or a Hub name not pulled when downloads are
+                not allowed).
+            ModelFormatError: ONNX Runtime cannot load a model, or the recogniser has no
+                alphabet.
+            BackendUnavailableError: the requested backend's provider is not usable.
         """
         settings = settings or SessionSettings()
         spec = locate_ocr_models(config.models, allow_download=allow_download)
