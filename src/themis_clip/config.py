@@ -54,6 +54,7 @@ __all__ = [  # the vocabulary's names stay importable from here
     "DecodeMode",
     "InferencePrecision",
     "ModelConfig",
+    "OCRConfig",
     "OpenVINOConfig",
     "PluginConfig",
     "PreprocessConfig",
@@ -274,6 +275,43 @@ class SearchConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OCRConfig:
+    """Reading the text in pictures (``ocr`` section; off unless ``enabled``).
+
+    Attributes:
+        enabled: read text when indexing.
+        models: a folder of PaddleOCR ONNX models (detector, recogniser, optional direction
+            classifier) or a Hub repo id in immich's layout; None: the PP-OCRv4 set the
+            ``rapidocr-onnxruntime`` wheel installs.
+        gate: run the detector small first (``gate_side``, its shorter side in pixels) and
+            skip pictures where it finds no text region.
+        detection_side: the detector's shorter side in pixels (PaddleOCR's 736).
+        box_threshold: mean text probability a detected region needs.
+        min_confidence: lines read with a lower confidence are dropped.
+    """
+
+    enabled: bool = False
+    models: str | None = None
+    gate: bool = True
+    gate_side: int = 416
+    detection_side: int = 736
+    box_threshold: float = 0.5
+    min_confidence: float = 0.5
+
+    def __post_init__(self) -> None:
+        for key in ("gate_side", "detection_side"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 32 <= value <= 4096:
+                raise ConfigError(
+                    f"must be an integer from 32 to 4096, got {value!r}", key=f"ocr.{key}"
+                )
+        for key in ("box_threshold", "min_confidence"):
+            value = getattr(self, key)
+            if not (isinstance(value, int | float) and 0 <= value <= 1):
+                raise ConfigError(f"must be a number from 0 to 1, got {value!r}", key=f"ocr.{key}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class PluginConfig:
     """Everything ``OnnxClipPlugin.initialize`` needs.
 
@@ -302,6 +340,7 @@ class PluginConfig:
             copy of every weight). None: on, except with memory-mapped loading, where the copy
             would defeat the shared mapping.
         search: the search index and its tuning (the CLI and server read it).
+        ocr: reading the text in pictures.
     """
 
     model: ModelConfig
@@ -320,6 +359,7 @@ class PluginConfig:
     allow_embedding_space_change: bool = True
     prepack_weights: bool | None = None
     search: SearchConfig = field(default_factory=SearchConfig)
+    ocr: OCRConfig = field(default_factory=OCRConfig)
 
     def __post_init__(self) -> None:
         _check_positive(self.max_batch_size, "max_batch_size")
@@ -471,6 +511,17 @@ class PluginConfig:
             exact_fast_ms=search_r.number("exact_fast_ms", 1.0),
         )
         search_r.finish()
+        ocr_r = r.section("ocr")
+        ocr = OCRConfig(
+            enabled=ocr_r.get("enabled", bool, False),
+            models=ocr_r.path("models", name_ok=True),
+            gate=ocr_r.get("gate", bool, True),
+            gate_side=ocr_r.get("gate_side", int, 416),
+            detection_side=ocr_r.get("detection_side", int, 736),
+            box_threshold=ocr_r.number("box_threshold", 0.5),
+            min_confidence=ocr_r.number("min_confidence", 0.5),
+        )
+        ocr_r.finish()
         config = cls(
             model=model,
             backend=r.choice("backend", BackendType) or BackendType.AUTO,
@@ -488,6 +539,7 @@ class PluginConfig:
             allow_embedding_space_change=r.get("allow_embedding_space_change", bool, True),
             prepack_weights=r.get("prepack_weights", bool),
             search=search,
+            ocr=ocr,
         )
         r.finish()
         return config

@@ -190,6 +190,15 @@ FULL = {
         "sample": 500,
         "exact_fast_ms": 2.0,
     },
+    "ocr": {
+        "enabled": True,
+        "models": "/ocr",
+        "gate": False,
+        "gate_side": 256,
+        "detection_side": 960,
+        "box_threshold": 0.6,
+        "min_confidence": 0.7,
+    },
 }
 
 
@@ -243,3 +252,24 @@ def test_search_section_takes_a_url_or_a_path_relative_to_the_file(tmp_path: Pat
         PluginConfig.from_dict({"model": {"path": "/m"}, "search": {"nope": 1}})
     with pytest.raises(ConfigError, match="rescore >= 1"):  # the tuner's settings, one type
         PluginConfig.from_dict({"model": {"path": "/m"}, "search": {"rescore": 0}})
+
+
+def test_the_ocr_section_is_read_and_checked(tmp_path: Path) -> None:
+    base = {"model": {"path": "m.onnx"}}
+    assert PluginConfig.from_dict(base).ocr.enabled is False
+    hub = PluginConfig.from_dict({**base, "ocr": {"models": "immich-app/PP-OCRv5_mobile"}})
+    assert hub.ocr.models == "immich-app/PP-OCRv5_mobile"  # a Hub name stays a name
+    (tmp_path / "ocr").mkdir()  # an existing folder wins, relative to the config file
+    config = PluginConfig.from_dict(
+        {**base, "ocr": {"enabled": True, "models": "ocr", "gate": False, "detection_side": 960}},
+        base_dir=tmp_path,
+    )
+    assert config.ocr.enabled and not config.ocr.gate and config.ocr.detection_side == 960
+    assert config.ocr.models == str(tmp_path / "ocr")
+    assert PluginConfig.from_dict(config.raw()) == config
+    with pytest.raises(ConfigError, match="ocr.detection_side"):
+        PluginConfig.from_dict({**base, "ocr": {"detection_side": 8}})
+    with pytest.raises(ConfigError, match="ocr.min_confidence"):
+        PluginConfig.from_dict({**base, "ocr": {"min_confidence": 2}})
+    with pytest.raises(ConfigError, match="ocr.gat"):
+        PluginConfig.from_dict({**base, "ocr": {"gat": True}})

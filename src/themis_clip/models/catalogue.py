@@ -30,8 +30,9 @@ class RepoLayout:
     THEMIS = "themis"
     PEER_ONNX = "onnx"  # clip-as-service / lakera: top-level .onnx towers
     PYTORCH = "pytorch"  # a transformers checkpoint, exported on pull (``export`` extra)
+    OCR = "ocr"  # PaddleOCR ONNX models in immich's folders (detection/, recognition/)
 
-    ALL = (IMMICH, TRANSFORMERS_JS, FASTEMBED, THEMIS, PEER_ONNX, PYTORCH)
+    ALL = (IMMICH, TRANSFORMERS_JS, FASTEMBED, THEMIS, PEER_ONNX, PYTORCH, OCR)
 
 
 @dataclass(frozen=True, kw_only=True)

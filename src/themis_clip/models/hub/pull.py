@@ -123,8 +123,8 @@ def _pull_locked(
         shown = ", ".join(sorted(tree)[:8]) + (" ..." if len(tree) > 8 else "")
         raise ModelFormatError(
             f"{repo}@{source.revision} holds no model layout we load (immich, transformers.js, "
-            f"fastembed, themis-clip, clip-as-service/lakera ONNX, or a transformers PyTorch "
-            f"checkpoint); its files: {shown or 'none'}"
+            f"fastembed, themis-clip, clip-as-service/lakera ONNX, a transformers PyTorch "
+            f"checkpoint, or immich's OCR folders); its files: {shown or 'none'}"
         )
     if layout == RepoLayout.PYTORCH:
         if "model.safetensors" not in tree:

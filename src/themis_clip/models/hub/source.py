@@ -133,6 +133,8 @@ _TEXT_SIDE = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.jso
 def detect_layout(files: Sequence[str]) -> str | None:
     """Which layout a repo's file listing is, or None."""
     names = set(files)
+    if {"detection/model.onnx", "recognition/model.onnx"} <= names:
+        return RepoLayout.OCR
     if "manifest.json" in names and any(f.endswith(".onnx") for f in names):
         return RepoLayout.THEMIS
     if "visual/model.onnx" in names:
@@ -188,6 +190,15 @@ def select_files(files: Sequence[str], layout: str, precision: str | None) -> li
         if f"onnx/vision_model{sfx}.onnx" not in files:
             have = [v for v, s in XENOVA_SUFFIXES.items() if f"onnx/vision_model{s}.onnx" in files]
             raise ModelFormatError(f"no {chosen} variant in this repo; it has {', '.join(have)}")
+    elif layout == RepoLayout.OCR:
+        _only_fp32(layout, chosen)
+        patterns = [
+            "detection/model.onnx",
+            "recognition/model.onnx",
+            "recognition/*.txt",
+            "textline_orientation/model.onnx",
+            "classification/model.onnx",
+        ]
     elif layout == RepoLayout.FASTEMBED:
         _only_fp32(layout, chosen)
         patterns = ["model.onnx", "model.onnx_data", "*.json"]

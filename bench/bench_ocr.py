@@ -1,0 +1,141 @@
+"""OCR cost and quality: time per picture (gate only, and full), word recall, gate misses.
+
+On the generated gallery of tests/ocr_gallery.py (signs, receipts and screens in Debian's fonts,
+turned 0/90/180/270° and tilted up to ±20°, in perspective, JPEG 60-90; plus text-free
+landscapes), with the PP-OCRv4 models of the installed rapidocr-onnxruntime wheel under the
+default backend:
+
+- time per picture at 1024x768 and at 12 MP (4000x3000), decode included, median and best of
+  --rounds: the gate alone (``has_text``), the whole read (``read_text``, gate on: what a
+  picture with text costs), and RapidOCR 1.4.4's own pipeline (OpenCV, its own sessions) on
+  the same file in the same run, when it is installed with its dependencies;
+- recall of the words of at least 4 letters, by kind, rotation and text size: read as a word,
+  and found as a substring (what a trigram search matches);
+- the gate's false-negative rate (text scenes it would skip) and how many landscapes it lets
+  through (each costs a full read), at the default ``gate_side`` and, for the trade-off, at
+  other sides (time per 1024x768 picture, decode included).
+
+Run: .venv/bin/python bench/bench_ocr.py [--count 48] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+from tests.ocr_gallery import build_gallery, fonts, make_scene, words_found
+from themis_clip.config import OCRConfig
+from themis_clip.ocr import OCREngine
+
+SIDES = (320, 384, 416, 480)
+
+
+def timed(fn, rounds: int) -> tuple[float, float]:
+    """(median, best) milliseconds; the best is the figure least disturbed by other load."""
+    fn()  # warm-up
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(samples), min(samples)
+
+
+def reference():
+    """RapidOCR's own pipeline, or None when its OpenCV dependencies are missing."""
+    try:
+        from rapidocr_onnxruntime import RapidOCR
+    except ImportError:
+        return None
+    return RapidOCR()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--count", type=int, default=48, help="text scenes (landscapes: a third)")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    engine = OCREngine.load(OCRConfig(enabled=True))
+    full = OCREngine.load(replace(engine.config, gate=False))
+    rapid = reference()
+    print(f"models: {engine.label} on {engine.stats()['provider']}; rounds: {args.rounds}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        print(
+            "\n| picture | gate only, ms | full read, ms | RapidOCR, ms | RapidOCR / ours | lines |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
+        for size, label in (((1024, 768), "1024x768"), ((4000, 3000), "4000x3000 (12 MP)")):
+            for kind in ("sign", "receipt", "landscape"):
+                path = folder / f"time-{kind}-{size[0]}.jpg"
+                make_scene(path, kind=kind, font=fonts()[0], seed=7, size=size)
+                gate = timed(lambda p=path: engine.has_text(p), args.rounds)
+                read = timed(lambda p=path: engine.read_text(p), args.rounds)
+                lines = len(engine.read_text(path).lines)
+                if rapid is not None:
+                    theirs = timed(lambda p=path: rapid(str(p)), args.rounds)
+                    ref = f"{theirs[0]:.0f} (best {theirs[1]:.0f})"
+                    ratio = f"{theirs[1] / read[1]:.2f}"
+                else:
+                    ref = ratio = "-"
+                print(
+                    f"| {label} {kind} | {gate[0]:.0f} (best {gate[1]:.0f}) "
+                    f"| {read[0]:.0f} (best {read[1]:.0f}) | {ref} | {ratio} | {lines} |"
+                )
+
+        scenes = build_gallery(folder / "gallery", count=args.count)
+        by: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        gate_missed = gate_passed_empty = landscapes = with_text = 0
+        misses = []
+        for scene in scenes:
+            passed = engine.has_text(scene.path)
+            if scene.kind == "landscape":
+                landscapes += 1
+                gate_passed_empty += passed
+                continue
+            with_text += 1
+            if not passed:
+                gate_missed += 1
+                misses.append(f"{scene.path.name}: gated, shown {scene.words}")
+            result = full.read_text(scene.path)
+            found, total = words_found(scene.words, result.text)
+            inside, _ = words_found(scene.words, result.text, substring=True)
+            for key in ("all", scene.kind, f"rotated {scene.rotation}", f"size {scene.text_scale}"):
+                acc = by[key]
+                acc[0] += found
+                acc[1] += inside
+                acc[2] += total
+            if found < total:
+                misses.append(f"{scene.path.name}: read {result.text!r}, shown {scene.words}")
+        print("\n| scenes | words >= 4 letters | read as words | found as substrings |")
+        print("|---|---:|---:|---:|")
+        for key, (f, i, t) in sorted(by.items(), key=lambda kv: (kv[0] != "all", kv[0])):
+            print(f"| {key} | {t} | {f / t:.3f} | {i / t:.3f} |")
+        print(
+            f"\ngate false negatives: {gate_missed}/{with_text} = {gate_missed / with_text:.3f}; "
+            f"landscapes let through: {gate_passed_empty}/{landscapes}"
+        )
+        for line in misses[:12]:
+            print("  miss:", line)
+
+        print(
+            "\n| gate_side | text scenes skipped | landscapes let through | gate ms per picture |"
+        )
+        print("|---:|---:|---:|---:|")
+        for side in SIDES:
+            gate = OCREngine.load(replace(engine.config, gate_side=side))
+            t0 = time.perf_counter()
+            verdicts = [(s.kind == "landscape", gate.has_text(s.path)) for s in scenes]
+            ms = (time.perf_counter() - t0) * 1000 / len(scenes)
+            skipped = sum(not passed for empty, passed in verdicts if not empty)
+            through = sum(passed for empty, passed in verdicts if empty)
+            print(f"| {side} | {skipped}/{with_text} | {through}/{landscapes} | {ms:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
