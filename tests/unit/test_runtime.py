@@ -242,3 +242,16 @@ def test_openvino_without_a_device_fails_with_the_reason(tiny_model_dir: Path) -
     assert plugin.initialize(config)  # AUTO moves on to the CPU
     assert plugin.get_backend() is BackendType.CPU
     plugin.shutdown()
+
+
+def test_the_environment_pins_what_auto_means(monkeypatch: pytest.MonkeyPatch) -> None:
+    from themis_clip.errors import ConfigError
+    from themis_clip.runtime import auto_backend
+
+    monkeypatch.delenv("THEMIS_CLIP_BACKEND", raising=False)
+    assert auto_backend() is BackendType.AUTO
+    monkeypatch.setenv("THEMIS_CLIP_BACKEND", " CPU ")
+    assert auto_backend() is BackendType.CPU
+    monkeypatch.setenv("THEMIS_CLIP_BACKEND", "gpu")
+    with pytest.raises(ConfigError, match="THEMIS_CLIP_BACKEND='gpu' names no backend"):
+        auto_backend()
