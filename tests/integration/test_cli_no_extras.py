@@ -78,6 +78,7 @@ CASES: dict[str, tuple[list[str], str | None]] = {
     "demo": (["--count", "4", "--gallery", "gallery/g"], None),
     "keys": (["list", "--keys", "keys.json"], None),
     "duplicates": (["--index", PG], "postgres"),
+    "migrate": (["--index", "photos.db", "--to", "model"], None),
     "models": (["list"], None),
 }
 

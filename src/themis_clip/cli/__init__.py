@@ -1,9 +1,9 @@
 """``themis-clip``: a thin command line over the library (parse, call, print).
 
 One module per command group: ``embed`` (embed, info, health), ``index`` (index, search),
-``dataset`` (embed-dataset), ``serve``, ``keys``, ``export`` (export, verify), ``demo``, ``models``
-(list, pull, info, rm, verify); ``common`` holds the model options and errors they share.
-A new command is a module with a
+``migrate`` (move an index to another model), ``dataset`` (embed-dataset), ``serve``, ``keys``,
+``export`` (export, verify), ``demo``, ``models`` (list, pull, info, rm, verify); ``common``
+holds the model options and errors they share. A new command is a module with a
 ``register(sub)`` function, listed in :data:`_GROUPS`.
 
 Exit codes: 0 success; 1 some inputs failed (results for the rest are still written);
@@ -33,6 +33,7 @@ from themis_clip.cli import (
     export,
     index,
     keys,
+    migrate,
     models,
     serve,
 )
@@ -42,7 +43,19 @@ from themis_clip.errors import ThemisClipError
 
 __all__ = ["main"]
 
-_GROUPS = (embed, classify, index, duplicates, dataset, serve, keys, export, demo, models)
+_GROUPS = (
+    embed,
+    classify,
+    index,
+    migrate,
+    duplicates,
+    dataset,
+    serve,
+    keys,
+    export,
+    demo,
+    models,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

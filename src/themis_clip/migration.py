@@ -1,0 +1,416 @@
+"""Move an index to another model: a shadow index built beside the live one, an atomic
+cut-over, and a rollback (docs/migration.md draws the design).
+
+The shadow (``photos.db.migrating-<model>``) is an ordinary index bound to the new model that
+holds every live item under the same key, path, metadata and preview, with a vector from the
+new model. It is filled in committed chunks, so a killed run resumes where it stopped without
+embedding a committed item again. The cut-over renames it over the live file (the old one kept
+as ``photos.db.before-<model>``); :func:`rollback` puts the old one back.
+
+SQLite only for now: a PostgreSQL index is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from themis_clip.errors import InputError, SearchIndexError
+from themis_clip.index.indexer import ImageEmbedder
+from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
+from themis_clip.index.stores import ItemRow, Store, StoredItem, is_url, open_store
+from themis_clip.index.vectors import VECTORS_SUFFIX
+from themis_clip.interface import ImageData
+from themis_clip.vocabulary import ModelIdentity
+
+__all__ = [
+    "MigrationReport",
+    "RollbackReport",
+    "before_path",
+    "migrate_index",
+    "rollback",
+    "shadow_path",
+]
+
+log = logging.getLogger(__name__)
+
+#: Shadow meta: the live index's write version at which the shadow's last complete pass began
+#: (what the live index wrote after it is embedded again), and the model it migrates from.
+_SINCE = "migration_since"
+_FROM = "migration_from"
+#: The shadow's own write version at its cut-over (what is written after it, a rollback loses).
+_CUT_AT = "migration_cut_at"
+#: Items read from a store per query.
+_READ = 2_000
+#: Files an index consists of beside its database that belong to one model's vectors.
+_SIDE_FILES = (GRAPH_SUFFIX, VECTORS_SUFFIX)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationReport:
+    """What a migration run did.
+
+    Attributes:
+        model_id: the model the index moves to.
+        shadow: the shadow index's file (the live file's name once cut over).
+        total: items in the live index.
+        embedded: items this run embedded (a resumed run skips those committed before).
+        from_previews: keys re-embedded from their stored preview (no file; lower quality).
+        missing: ``(key, reason)`` of items that could not be re-embedded: not in the shadow.
+        removed: items deleted from the shadow because the live index no longer holds them.
+        before: where the old index was kept, once cut over; None when not cut over.
+        seconds: the run's wall time.
+    """
+
+    model_id: str
+    shadow: Path
+    total: int
+    embedded: int
+    from_previews: tuple[str, ...]
+    missing: tuple[tuple[str, str], ...]
+    removed: int
+    before: Path | None
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RollbackReport:
+    """What :func:`rollback` did.
+
+    Attributes:
+        restored: the old index file that is live again (its model id).
+        model_id: the model of the index put back.
+        shadow: where the index it replaced was kept (a migration run again resumes from it).
+        written_since: items written or deleted in the replaced index after its cut-over,
+            which the restored index does not have.
+    """
+
+    restored: Path
+    model_id: str
+    shadow: Path
+    written_since: int
+
+
+def _slug(identity_id: str) -> str:
+    """A model id fit for a file name."""
+    return re.sub(r"[^A-Za-z0-9._@+-]", "_", identity_id)
+
+
+def shadow_path(index: str | Path, model_id: str) -> Path:
+    """The shadow of ``index`` for the model ``model_id``."""
+    return Path(f"{index}.migrating-{_slug(model_id)}")
+
+
+def before_path(index: str | Path, model_id: str) -> Path:
+    """Where ``index`` is kept once migrated to ``model_id``."""
+    return Path(f"{index}.before-{_slug(model_id)}")
+
+
+def migrate_index(
+    index: str | Path,
+    embedder: ImageEmbedder,
+    identity: ModelIdentity,
+    *,
+    chunk: int = 128,
+    progress: Callable[[int, int], None] | None = None,
+    cut_over: bool = True,
+    drop_missing: bool = False,
+) -> MigrationReport:
+    """Build (or resume) the shadow of ``index`` for the model ``identity``, then cut over.
+
+    Args:
+        index: the live SQLite index.
+        embedder: the new model (its ``generate_embedding_batch``).
+        identity: the new model's identity (the shadow is bound to it).
+        chunk: items embedded and committed together (what a kill can lose).
+        progress: ``(done, total)`` as items are committed.
+        cut_over: replace the live index once the shadow is complete.
+        drop_missing: cut over even when some items could not be re-embedded (the old index,
+            kept for rollback, still holds them).
+
+    Returns:
+        What was done; ``before`` is None when there was no cut-over (``missing`` says why,
+        unless ``cut_over`` was False).
+
+    Raises:
+        InputError: a PostgreSQL index, no index, or one that already uses ``identity``.
+        SearchIndexError: the cut-over cannot happen safely (another process has the index
+            open, or a previous index is still kept under the name it needs).
+    """
+    started = time.monotonic()
+    live_path = _live_file(index)
+    shadow = shadow_path(live_path, identity.model_id)
+    live = open_store(live_path)
+    try:
+        old_id = _check_models(live, identity, live_path)
+        with VectorIndex(shadow) as target:
+            if target.stamp is None:  # a new shadow: changes from now on are caught up
+                target.bind_model(identity)
+                target.store.set_meta({_SINCE: live.write_version, _FROM: old_id})
+            pass_report = _fill(live, target.store, embedder, identity, chunk, progress)
+        total = live.count()
+    finally:
+        live.close()
+    missing = tuple(sorted(pass_report.missing.items()))
+    before = None
+    if cut_over and (drop_missing or not missing):
+        before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
+        log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
+    return MigrationReport(
+        model_id=identity.model_id,
+        shadow=shadow,
+        total=total,
+        embedded=pass_report.embedded,
+        from_previews=tuple(sorted(pass_report.from_previews)),
+        missing=missing,
+        removed=pass_report.removed,
+        before=before,
+        seconds=time.monotonic() - started,
+    )
+
+
+def rollback(index: str | Path) -> RollbackReport:
+    """Put back the index that a migration of ``index`` replaced (``index.before-<model>``);
+    the one it replaces becomes that migration's shadow again.
+
+    Raises:
+        InputError: a PostgreSQL index, no index, no kept index or more than one.
+        SearchIndexError: another process has the index open.
+    """
+    live_path = _live_file(index)
+    kept = sorted(live_path.parent.glob(f"{_glob_escape(live_path.name)}.before-*"))
+    kept = [k for k in kept if not k.name.endswith(_SIDE_FILES)]
+    if not kept:
+        raise InputError(f"no previous index is kept beside {live_path}: nothing to roll back")
+    if len(kept) > 1:
+        raise InputError(
+            f"more than one previous index is kept beside {live_path} "
+            f"({', '.join(k.name for k in kept)}); delete those you do not want, then roll back"
+        )
+    before = kept[0]
+    store = open_store(live_path)
+    try:
+        meta = store.meta()
+        current_id = meta.get("model_id", "")
+        cut_at = meta.get(_CUT_AT)
+        written_since = 0
+        if cut_at is not None and "dim" in meta:
+            ids, _, gone = store.changes_since(int(cut_at), int(meta["dim"]))
+            written_since = len(ids) + len(gone)
+    finally:
+        store.close()
+    with VectorIndex(before, readonly=True) as old:
+        stamp = old.stamp
+    shadow = shadow_path(live_path, current_id)
+    if shadow.exists():
+        raise SearchIndexError(
+            f"{shadow} exists already; delete it (an unfinished migration) and roll back again"
+        )
+    _check_unopened(live_path)
+    for suffix in _SIDE_FILES:
+        _move(Path(f"{live_path}{suffix}"), Path(f"{shadow}{suffix}"))
+    _link_or_copy(live_path, shadow)
+    os.replace(before, live_path)
+    for suffix in _SIDE_FILES:
+        _move(Path(f"{before}{suffix}"), Path(f"{live_path}{suffix}"))
+    log.info("index %s rolled back to %s", live_path, stamp)
+    return RollbackReport(
+        restored=before,
+        model_id=stamp.model_id if stamp is not None else "",
+        shadow=shadow,
+        written_since=written_since,
+    )
+
+
+# -- the passes --------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class _Passes:
+    embedded: int = 0
+    removed: int = 0
+    from_previews: set[str]
+    missing: dict[str, str]
+    synced: int = 0
+
+
+def _fill(
+    live: Store,
+    shadow: Store,
+    embedder: ImageEmbedder,
+    identity: ModelIdentity,
+    chunk: int,
+    progress: Callable[[int, int], None] | None,
+) -> _Passes:
+    """Passes over the live index until one finds nothing to do: each embeds the items the
+    shadow lacks or the live index wrote since the last complete pass, and deletes from the
+    shadow what the live index no longer holds."""
+    done = _Passes(from_previews=set(), missing={})
+    live_dim = int(live.meta()["dim"])
+    while True:
+        began = live.write_version
+        since = int(shadow.meta()[_SINCE])
+        items = _all_items(live)
+        have = {item.key for item in _all_items(shadow).values()}
+        written = live.changes_since(since, live_dim)[0].tolist()
+        changed = {items[i].key for i in written if i in items}
+        wanted = {item.key: item for item in items.values()}
+        gone = have - wanted.keys()
+        todo = [
+            item
+            for key, item in sorted(wanted.items())
+            if (key not in have or key in changed) and key not in done.missing
+        ]
+        if not todo and not gone:
+            done.synced = began
+            return done
+        done.removed += shadow.delete_keys(gone)
+        before = done.embedded
+        for start in range(0, len(todo), chunk):
+            part = todo[start : start + chunk]
+            _embed_part(live, shadow, embedder, identity, part, done)
+            if progress is not None:
+                progress(len(wanted) - len(todo) + start + len(part), len(wanted))
+        if done.embedded == before and not gone:  # nothing could be done: never spin
+            done.synced = began
+            return done
+        shadow.set_meta({_SINCE: began})
+
+
+def _embed_part(
+    live: Store,
+    shadow: Store,
+    embedder: ImageEmbedder,
+    identity: ModelIdentity,
+    part: list[StoredItem],
+    done: _Passes,
+) -> None:
+    """Embed ``part`` with the new model and commit it to the shadow in one transaction."""
+    sources: list[tuple[StoredItem, ImageData, bytes | None]] = []
+    for item in part:
+        preview = live.thumbnail(item.key)
+        if item.path is not None and os.path.isfile(item.path):
+            sources.append((item, item.path, preview))
+        elif preview is not None:
+            sources.append((item, preview, preview))
+            done.from_previews.add(item.key)
+        else:
+            done.missing[item.key] = (
+                f"file {item.path} is gone" if item.path else "added without a file or a preview"
+            )
+    results = embedder.generate_embedding_batch([image for _, image, _ in sources])
+    rows = []
+    for (item, _, preview), result in zip(sources, results, strict=True):
+        if not result.ok or result.embedding is None:
+            done.missing[item.key] = f"cannot embed it: {result.error}"
+            done.from_previews.discard(item.key)
+            continue
+        rows.append(
+            ItemRow(
+                key=item.key,
+                vector=result.embedding,
+                path=item.path,
+                size=item.size,
+                mtime_ns=item.mtime_ns,
+                sha256=item.sha256,
+                metadata=item.metadata,
+                thumbnail=preview,
+            )
+        )
+    shadow.upsert(rows, dim=identity.dim)  # one transaction: a kill loses this part only
+    done.embedded += len(rows)
+
+
+def _all_items(store: Store) -> dict[int, StoredItem]:
+    """Every item of ``store`` by id (read in slices)."""
+    ids = [row[0] for row in store.timeline(None)]
+    items: dict[int, StoredItem] = {}
+    for start in range(0, len(ids), _READ):
+        items.update(store.items_by_id(ids[start : start + _READ]))
+    return items
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def _live_file(index: str | Path) -> Path:
+    if is_url(index):
+        raise InputError(
+            "migrating a PostgreSQL index is not built yet: export it to an SQLite file or "
+            "re-index with the new model"
+        )
+    path = Path(index)
+    if not path.is_file():
+        raise InputError(f"no index at {path}")
+    return path
+
+
+def _check_models(live: Store, identity: ModelIdentity, path: Path) -> str:
+    """The live index's model id; raises when there is none or it is ``identity`` already."""
+    meta = live.meta()
+    if "model_id" not in meta:
+        raise InputError(f"index {path} holds no items yet: index it with the new model instead")
+    if meta["model_sha256"] == identity.sha256 and int(meta["dim"]) == identity.dim:
+        raise InputError(f"index {path} is made by {identity.model_id} already")
+    return meta["model_id"]
+
+
+def _cut_over(live_path: Path, shadow: Path, model_id: str, synced: int) -> Path:
+    """Rename ``shadow`` over ``live_path`` (kept first as ``before``); returns ``before``."""
+    before = before_path(live_path, model_id)
+    if before.exists():
+        raise SearchIndexError(
+            f"a previous index is kept as {before}: delete it (or roll back) before cutting over"
+        )
+    _check_unopened(live_path)
+    live = open_store(live_path)
+    try:
+        if live.write_version != synced:
+            raise SearchIndexError(
+                f"index {live_path} changed during the cut-over; run the migration again "
+                "(the shadow is kept and catches up)"
+            )
+    finally:
+        live.close()
+    target = open_store(shadow)
+    try:  # this write commits as the next version: what comes after it, a rollback loses
+        target.set_meta({_CUT_AT: target.write_version + 1})
+    finally:
+        target.close()
+    for suffix in _SIDE_FILES:
+        _move(Path(f"{live_path}{suffix}"), Path(f"{before}{suffix}"))
+    _link_or_copy(live_path, before)
+    os.replace(shadow, live_path)  # atomic: an opener sees the old file or the new one
+    return before
+
+
+def _check_unopened(path: Path) -> None:
+    """Raise when another process has ``path`` open: SQLite removes the write-ahead log when
+    the last connection closes, so one that remains belongs to a connection still open."""
+    if Path(f"{path}-wal").exists():
+        raise SearchIndexError(
+            f"index {path} is open in another process (a server?): stop it, then run again "
+            "(the shadow is kept; the cut-over then happens at once)"
+        )
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # a file system without hard links
+        shutil.copy2(source, target)
+
+
+def _move(source: Path, target: Path) -> None:
+    if source.exists():
+        os.replace(source, target)
+
+
+def _glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
