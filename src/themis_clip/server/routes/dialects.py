@@ -40,6 +40,7 @@ from themis_clip.server.routes.embeddings import (
     MAX_INPUTS,
     is_image_url,
     require_model,
+    served_model_names,
     takes_language,
 )
 from themis_clip.server.schemas import ContentPart, answer
@@ -231,13 +232,9 @@ def _require_immich_model(name: str, state: AppState) -> None:
     """immich names its models ``ViT-B-32__openai`` (or ``immich-app/ViT-B-32__openai``): a
     vector of another model would be silently incomparable with those immich stored."""
     plugin = state.require_ready()
-    for candidate in (name, name.removeprefix("immich-app/"), f"immich-app/{name}"):
-        try:
-            require_model(candidate, plugin)
-        except APIError:
-            continue
-        return
-    require_model(name, plugin)
+    served = served_model_names(plugin)  # reads the manifest: once per request
+    if not {name, name.removeprefix("immich-app/"), f"immich-app/{name}"} & served:
+        require_model(name, plugin)  # the 404 naming what is served
 
 
 # Ollama ------------------------------------------------------------------------------------
