@@ -249,6 +249,19 @@ def test_other_tasks_and_bad_requests_get_clear_errors(server: ServerProcess) ->
     r = httpx.post(f"{server.base}/predict", files={"entries": (None, textual_entries())})
     error(r, 422, "ValidationError")
     error(predict_image(server.base, b"not an image"), 422, "ImageDecodeError")
+    # ambiguous forms: which part was meant would be a guess
+    both = {"entries": (None, visual_entries()), "text": (None, "a red circle")}
+    both["image"] = ("blob", data, "application/octet-stream")
+    assert "not both" in error(
+        httpx.post(f"{server.base}/predict", files=both), 422, "ValidationError"
+    )
+    twice = [
+        ("entries", (None, visual_entries())),
+        ("image", ("blob", data, "application/octet-stream")),
+        ("image", ("blob", data, "application/octet-stream")),
+    ]
+    r = httpx.post(f"{server.base}/predict", files=twice)
+    assert "image: given more than once" in error(r, 422, "ValidationError")
     r = httpx.post(f"{server.base}/predict", json={"entries": visual_entries()}, timeout=30)
     error(r, 415, "UnsupportedMediaType")
 

@@ -198,11 +198,18 @@ async def predict(request: Request, state: StateDep) -> dict[str, Any]:
             415, "UnsupportedMediaType", "immich's /predict takes a multipart/form-data body"
         )
     async with request.form() as form:  # closes the spooled upload
+        for field in ("entries", "image", "text"):
+            if len(form.getlist(field)) > 1:  # which one was meant is a guess: none is taken
+                raise APIError(422, "ValidationError", f"{field}: given more than once")
         entries, image, text = form.get("entries"), form.get("image"), form.get("text")
         data = await image.read() if isinstance(image, UploadFile) else None
     if not isinstance(entries, str):
         raise APIError(422, "ValidationError", "entries: a form field with the JSON request")
     name, kind, options = clip_entry(entries)
+    if image is not None and text is not None:
+        raise APIError(
+            422, "ValidationError", f"clip.{kind}: give an 'image' file or a 'text' field, not both"
+        )
     plugin = state.require_ready()
     _require_immich_model(name, state)
     if kind == "visual":
