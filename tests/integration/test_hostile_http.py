@@ -559,27 +559,49 @@ def test_the_catch_all_answers_json_500_and_keeps_the_connection() -> None:
             assert err(r, 500, "InternalError") == "internal server error (logged on the server)"
             assert "secret" not in r.text
         assert c.get("/fine").json() == {"ok": "yes"}
-    # Through real uvicorn: both 500s and the next request travel on one keep-alive connection.
+    # Through the real server `serve` runs (hypercorn): both 500s and the next request travel
+    # on one keep-alive connection.
+    import asyncio
     import threading
 
-    import uvicorn
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    port = sock.getsockname()[1]
+    sock.close()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.loglevel = "CRITICAL"
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    started = threading.Event()
+
+    async def run() -> None:
+        started.set()
+        await serve(app, config, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
     thread.start()
     try:
+        assert started.wait(20)
         deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        with socket.create_connection(sock.getsockname(), timeout=20) as conn:
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=20)
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "hypercorn did not start"
+                time.sleep(0.01)
+        with conn:
             for route in ("/boom", "/unencodable", "/fine"):
                 conn.sendall(f"GET {route} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
                 reply = read_response(conn)
                 assert reply.startswith(b"HTTP/1.1 500" if route != "/fine" else b"HTTP/1.1 200")
                 assert b"connection: close" not in reply.lower()
     finally:
-        server.should_exit = True
+        loop.call_soon_threadsafe(stop.set)
         thread.join(20)
+        assert not thread.is_alive()
+        loop.close()

@@ -1,4 +1,4 @@
-"""The HTTP service: in-process through TestClient, and as a real uvicorn subprocess."""
+"""The HTTP service: in-process through TestClient, and as a real `themis-clip serve` subprocess (hypercorn)."""
 
 from __future__ import annotations
 

@@ -41,6 +41,7 @@ import os
 import shlex
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,6 +90,21 @@ def _readable_now(db: sqlite3.Connection) -> bool:
     return True
 
 
+def _enter_wal(db: sqlite3.Connection, patience_s: float = 10.0) -> None:
+    """Switch a writable index to WAL. The switch takes an exclusive lock without calling the
+    busy handler, so openers of one new file at once can see "database is locked": retry it
+    for as long as ``busy_timeout`` would have waited."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 class SQLiteStore:
     """An SQLite file holding items and vectors.
 
@@ -132,7 +148,7 @@ class SQLiteStore:
                     self._ro_uri, uri=True, check_same_thread=False, isolation_level=None
                 )
             if not readonly:
-                self._db.execute("PRAGMA journal_mode = WAL")
+                _enter_wal(self._db)
                 self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except sqlite3.DatabaseError as exc:
