@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import InputError
-from themis_clip.index.lexical import MAX_QUERY_CHARS, fuse
+from themis_clip.index.lexical import MAX_QUERY_CHARS, fuse, matched_lines
 from themis_clip.index.paging import (
     PAGE_WINDOW,
     Cursor,
@@ -330,7 +330,22 @@ def _ranked(
     ]
     known = {h.key: h for h in [*by_words, *by_vector]}
     fused = fuse([[h.key for h in by_words], [h.key for h in by_vector]])[:size]
+    id_of = {items[i].key: i for i in ids if i in items}
+    readings = index.store.ocr_readings([id_of[key] for key, _ in fused if key in id_of])
     return [
-        Hit(key=key, score=score, path=known[key].path, metadata=known[key].metadata)
+        Hit(
+            key=key,
+            score=score,
+            path=known[key].path,
+            metadata=known[key].metadata,
+            text_matches=_matched(text, readings.get(id_of.get(key, -1))),
+        )
         for key, score in fused
     ]
+
+
+def _matched(text: str, reading: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...]:
+    """The lines of an OCR ``reading`` that the words of ``text`` match."""
+    if not reading:
+        return ()
+    return tuple(dict(line) for line in matched_lines(text, reading.get("lines", [])))

@@ -55,10 +55,14 @@ _RECORDS_PER_READ = 2_000
 
 @dataclass(frozen=True, kw_only=True)
 class Hit:
+    """One result. ``text_matches``: the lines of text read in the item (OCR) that a lexical
+    or hybrid query's words matched, ``{"text", "box": 4 [x, y] points, "confidence"}``."""
+
     key: str
     score: float
     path: str | None
     metadata: dict[str, Any] | None
+    text_matches: tuple[dict[str, Any], ...] = ()
 
 
 class VectorIndex:

@@ -1,11 +1,12 @@
 """The ``where`` filter language: Chroma/Mongo-style operators over item metadata.
 
 A ``where`` is a JSON object. At its top level, ``{"$and": [w, ...]}``, ``{"$or": [w, ...]}``
-and ``{"$not": w}`` combine filters; every other key is a dotted path into the metadata
-(``"camera.make"``; each segment an object key) with either a value (``$eq``) or an object of
-operators: ``$eq $ne $gt $gte $lt $lte $in $nin $exists $not`` and, on an object holding
-``lat`` and ``lon``, ``$near: {"lat", "lon", "km"}`` (great-circle distance). Several keys in
-one object must all hold.
+and ``{"$not": w}`` combine filters, and ``{"$has_text": true}`` (or ``false``) asks for items
+in which OCR read some text (or none, or that were never read); every other key is a dotted
+path into the metadata (``"camera.make"``; each segment an object key) with either a value
+(``$eq``) or an object of operators: ``$eq $ne $gt $gte $lt $lte $in $nin $exists $not``
+and, on an object holding ``lat`` and ``lon``, ``$near: {"lat", "lon", "km"}`` (great-circle
+distance). Several keys in one object must all hold.
 
 Values: ``$eq $ne $in $nin`` take scalars (null, booleans, numbers, strings); ``$gt $gte
 $lt $lte`` take numbers or ISO 8601 dates. A string that is an ISO 8601 date or date-time is
@@ -44,6 +45,7 @@ __all__ = [
     "Compare",
     "Equals",
     "Exists",
+    "HasText",
     "Near",
     "Not",
     "Or",
@@ -92,6 +94,13 @@ class Exists:
 
 
 @dataclass(frozen=True, kw_only=True)
+class HasText:
+    """``$has_text``: whether OCR read some text in the item (not a metadata path)."""
+
+    present: bool
+
+
+@dataclass(frozen=True, kw_only=True)
 class Near:
     path: Path
     lat: float
@@ -123,7 +132,7 @@ class Equals:
     value: Any
 
 
-Where = Compare | Exists | Near | Equals | And | Or | Not
+Where = Compare | Exists | HasText | Near | Equals | And | Or | Not
 
 _COMPARE = {"$eq": "eq", "$ne": "ne", "$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
 ORDER_SQL = {"gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
@@ -183,8 +192,12 @@ class _Parser:
                 parts.append(And(parts=subs) if key == "$and" else Or(parts=subs))
             elif key == "$not":
                 parts.append(Not(part=self.where(operand, here, depth + 1)))
+            elif key == "$has_text":
+                if not isinstance(operand, bool):
+                    raise WhereError(here, f"expects true or false, got {_kind(operand)}")
+                parts.append(HasText(present=operand))
             elif isinstance(key, str) and key.startswith("$"):
-                raise WhereError(here, "unknown operator (top level: $and, $or, $not)")
+                raise WhereError(here, "unknown operator (top level: $and, $or, $not, $has_text)")
             else:
                 parts.append(self.field(self.path(key, here), operand, here, depth + 1))
         if not parts:

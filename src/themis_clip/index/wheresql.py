@@ -25,6 +25,7 @@ from themis_clip.index.where import (
     And,
     Equals,
     Exists,
+    HasText,
     Near,
     Not,
     Or,
@@ -88,6 +89,9 @@ class _Compiler:
             return f"(NOT COALESCE({self.sql(node.part)}, {self.false}))"
         if isinstance(node, Exists):
             return self.exists(node.path) if node.present else f"(NOT {self.exists(node.path)})"
+        if isinstance(node, HasText):
+            has = f"(id IN (SELECT id FROM {self.ocr_table} WHERE text <> ''))"  # noqa: S608
+            return has if node.present else f"(NOT {has})"
         if isinstance(node, Near):
             return self.near(node)
         if isinstance(node, Equals):
@@ -110,6 +114,7 @@ class _Compiler:
         return "(" + " OR ".join(self.equal(path, v) for v in values) + ")"
 
     least = "min"  # SQLite's two-argument min(); PostgreSQL's LEAST
+    ocr_table = "ocr"  # what OCR read, one row per item read (:mod:`.stores`)
 
     def near(self, near: Near) -> str:
         # Parameters bind in the order the text uses them: each expression is made in place.
@@ -231,6 +236,7 @@ class _Postgres(_Compiler):
     mark = "%s"
     true, false = "true", "false"
     least = "LEAST"
+    ocr_table = "themis_ocr"
 
     def value(self, path: Path) -> str:
         if path in INDEXED_PATHS:

@@ -86,9 +86,13 @@ class Store(Protocol):
 
 @runtime_checkable
 class Lexical(Protocol):
-    """A store that finds items by the words of their key, path and string metadata."""
+    """A store that finds items by the words of their key, path and string metadata, and by
+    the text read in them (OCR), which it keeps beside them."""
 
     def lexical(self, text: str, limit: int, where: Where | None) -> list[int]: ...
+    def set_ocr(self, readings: Mapping[str, Mapping[str, Any]]) -> int: ...
+    def ocr_readings(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]: ...
+    def unread_under(self, prefix: str) -> dict[str, StoredItem]: ...
 
 
 @runtime_checkable

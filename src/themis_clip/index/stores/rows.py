@@ -3,6 +3,7 @@ made storable, a stored row read back, and a folder prefix as a ``LIKE`` pattern
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,15 @@ import numpy.typing as npt
 from themis_clip.errors import SearchIndexError
 from themis_clip.index.metadata import decode_stored, encode, validate_metadata
 
-__all__ = ["COLUMNS", "ItemRow", "StoredItem", "checked", "like_under", "stored_item"]
+__all__ = [
+    "COLUMNS",
+    "ItemRow",
+    "StoredItem",
+    "checked",
+    "like_under",
+    "ocr_row",
+    "stored_item",
+]
 
 #: The columns :func:`stored_item` reads, in its order.
 COLUMNS = "id, key, path, size, mtime_ns, sha256, metadata"
@@ -73,3 +82,18 @@ def stored_item(row: Sequence[Any]) -> StoredItem:
         sha256=row[5],
         metadata=decode_stored(row[6], key=row[1]),
     )
+
+
+def ocr_row(data: Mapping[str, Any], *, key: str) -> tuple[str, str]:
+    """An OCR reading (``{"width", "height", "gated", "lines": [{"text", "box",
+    "confidence"}]}``) as ``(text, JSON)``: its lines' texts one per row, and the reading as
+    stored; or the error naming the item whose reading is not that shape."""
+    try:
+        lines = data["lines"]
+        texts = [line["text"] for line in lines]
+        boxes_ok = all(len(line["box"]) == 4 for line in lines)
+    except (KeyError, TypeError) as exc:
+        raise SearchIndexError(f"item {key!r}: not an OCR reading ({exc!r})") from None
+    if not boxes_ok or not all(isinstance(t, str) for t in texts):
+        raise SearchIndexError(f"item {key!r}: OCR lines need a text and a box of 4 points")
+    return "\n".join(texts), json.dumps(data, ensure_ascii=False, separators=(",", ":"))

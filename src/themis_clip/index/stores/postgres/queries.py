@@ -4,9 +4,16 @@ a bound parameter; the schema is :mod:`.schema`'s)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from themis_clip.index.lexical import (
+    TOLERANT_MIN_CHARS,
+    interleave,
+    ocr_score,
+    ocr_words,
+    trigrams,
+)
 from themis_clip.index.where import Where
 from themis_clip.index.wheresql import compile_postgres, pg_instant
 
@@ -15,6 +22,8 @@ __all__ = [
     "keys_present",
     "lexical",
     "metadata_facets",
+    "ocr_lexical",
+    "ocr_readings",
     "photo_facets",
     "timeline",
 ]
@@ -44,6 +53,22 @@ _LEXICAL_SQL = (
     "plainto_tsquery('simple', translate(%s, '/.-', '   ')) AS q "
     "WHERE lexical @@ q{where} ORDER BY ts_rank_cd(lexical, q) DESC, id LIMIT %s"
 )
+#: Ids of the items whose OCR trigrams hold the query words' (bound: the trigrams, one
+#: ``strpos`` word per check, where, limit), best first by how little text there is around the
+#: words, ties by id; the trigram test lets the GIN index find candidates, ``strpos`` decides.
+_OCR_SQL = (
+    "SELECT id FROM themis_ocr WHERE grams @> %s::text[]{checks} "
+    "AND id IN (SELECT id FROM themis_items WHERE TRUE{where}) "
+    "ORDER BY length(text), id LIMIT %s"
+)
+#: Items sharing a trigram with the query (a tolerant match's candidates), most shared first.
+_OCR_CANDIDATES_SQL = (
+    "SELECT id, text FROM themis_ocr WHERE grams && %s::text[] "
+    "AND id IN (SELECT id FROM themis_items WHERE TRUE{where}) "
+    "ORDER BY cardinality(ARRAY(SELECT unnest(grams) INTERSECT SELECT unnest(%s::text[]))) "
+    "DESC, id LIMIT %s"
+)
+_TOLERANT_CANDIDATES = 1000
 _IDS_SQL = "SELECT id FROM themis_items WHERE TRUE{where}"
 _TIMELINE_SQL = (
     "SELECT id, doc -> 'taken', doc -> 'mtime', mtime_ns FROM themis_items WHERE TRUE{where}"
@@ -76,8 +101,44 @@ def ids_where(db: Any, where: Where) -> set[int]:
 
 def lexical(db: Any, text: str, limit: int, where: Where | None) -> list[int]:
     """Ids of the items matching ``where`` whose key, path or string metadata hold every word
-    of ``text``, best first (``ts_rank_cd``), at most ``limit``."""
-    return [int(r[0]) for r in _rows(db, _LEXICAL_SQL, [text], where, [int(limit)])]
+    of ``text`` (best first by ``ts_rank_cd``), merged with those whose OCR text holds them
+    (:func:`ocr_lexical`), at most ``limit``."""
+    by_words = [int(r[0]) for r in _rows(db, _LEXICAL_SQL, [text], where, [int(limit)])]
+    return interleave([by_words, ocr_lexical(db, text, limit, where)])[:limit]
+
+
+def ocr_lexical(db: Any, text: str, limit: int, where: Where | None) -> list[int]:
+    """Ids of the items matching ``where`` whose OCR text holds every word of ``text`` as a
+    substring, then, when fewer than ``limit``, those that hold them tolerantly (best
+    similarity first; :mod:`themis_clip.index.lexical`)."""
+    words = ocr_words(text)
+    if not words or db.execute("SELECT 1 FROM themis_ocr LIMIT 1").fetchone() is None:
+        return []
+    grams = sorted({g for w in words if len(w) >= 3 for g in trigrams(w, padded=False)})
+    checks = " AND strpos(lower(text), %s) > 0" * len(words)
+    clause, params = compile_postgres(where) if where is not None else ("", [])
+    sql = _OCR_SQL.format(checks=checks, where=f" AND {clause}" if clause else "")
+    found = [int(r[0]) for r in db.execute(sql, [grams, *words, *params, int(limit)])]
+    tolerant = [w for w in words if len(w) >= TOLERANT_MIN_CHARS]
+    if len(found) >= limit or not tolerant:
+        return found
+    padded = sorted({g for w in tolerant for g in trigrams(w)})
+    sql = _OCR_CANDIDATES_SQL.format(where=f" AND {clause}" if clause else "")
+    rows = db.execute(sql, [padded, *params, padded, _TOLERANT_CANDIDATES]).fetchall()
+    seen = set(found)
+    scored = [(ocr_score(words, t), int(i)) for i, t in rows if int(i) not in seen]
+    close = sorted((-score, i) for score, i in scored if score > 0)
+    return found + [i for _, i in close][: limit - len(found)]
+
+
+def ocr_readings(db: Any, ids: Sequence[int]) -> dict[int, Any]:
+    """The stored OCR readings of those of ``ids`` that were read."""
+    if not ids:
+        return {}
+    rows = db.execute(
+        "SELECT id, lines FROM themis_ocr WHERE id = ANY(%s)", ([int(i) for i in ids],)
+    ).fetchall()
+    return {int(i): lines for i, lines in rows}
 
 
 def timeline(db: Any, where: Where | None) -> list[tuple[int, Any, Any, Any]]:

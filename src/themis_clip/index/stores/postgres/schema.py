@@ -10,6 +10,7 @@ under an advisory lock, each migration in one transaction::
                  doc jsonb, thumbnail bytea, written bigint, embedding vector(dim))
     themis_failures(path PRIMARY KEY, size, mtime_ns, error)
     themis_removed(id PRIMARY KEY, at)
+    themis_ocr(id PRIMARY KEY → themis_items, text, lines jsonb, grams text[])   (v3)
 
 ``metadata`` keeps the JSON text as given back; ``doc`` is the same JSON as ``jsonb`` for
 filters and facets (jsonb cannot hold U+0000, which ``doc`` holds as U+FFFD, in filters too:
@@ -38,7 +39,7 @@ __all__ = [
     "schema_version",
 ]
 
-PG_SCHEMA_VERSION = 2
+PG_SCHEMA_VERSION = 3
 #: True when the tables agree with each other (:meth:`.store.PgStore.integrity_ok`). Ids come from a
 #: sequence and are never reused, so a removed id that is still an item is a torn write.
 INTEGRITY_SQL = """SELECT
@@ -51,7 +52,7 @@ INTEGRITY_SQL = """SELECT
         (SELECT value::int FROM themis_meta WHERE key = 'dim' AND value ~ '^[0-9]+$'),
         vector_dims(embedding)))"""
 #: The index's tables (dropped by ``--rebuild``, counted by ``size_bytes``).
-TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed")
+TABLES = ("themis_items", "themis_meta", "themis_failures", "themis_removed", "themis_ocr")
 MIGRATION_LOCK = 0x7468656D6973  # pg_advisory_xact_lock key for migrations ("themis")
 
 #: v2: lexical search (:mod:`themis_clip.index.lexical`): a generated ``tsvector`` of key, path
@@ -97,6 +98,20 @@ _WHERE_INDEXES = [
     "CREATE INDEX IF NOT EXISTS themis_items_camera ON themis_items ((doc -> 'camera' -> 'make'))",
 ]
 
+#: v3: the text read in pictures (OCR), one row per item read (``text`` empty: none found),
+#: gone with its item. ``grams`` holds its words' trigrams (:func:`..lexical.trigrams`) under
+#: a GIN index: substring and tolerant matching with no extension (``pg_trgm`` is contrib,
+#: absent from many servers). An index never read has no rows.
+_OCR_DDL = [
+    """CREATE TABLE IF NOT EXISTS themis_ocr (
+        id bigint PRIMARY KEY REFERENCES themis_items (id) ON DELETE CASCADE,
+        text text NOT NULL,
+        lines jsonb NOT NULL,
+        grams text[] NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS themis_ocr_grams ON themis_ocr USING gin (grams)",
+]
+
 MIGRATIONS: dict[int, list[str]] = {
     1: [
         "CREATE TABLE IF NOT EXISTS themis_meta (key text PRIMARY KEY, value text NOT NULL)",
@@ -125,6 +140,8 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     # v2: lexical search (tsvector) and expression indexes for where-filters on dates and places.
     2: [*_FTS_DDL, *_WHERE_INDEXES],
+    # v3: the text read in pictures (OCR) and its trigrams.
+    3: _OCR_DDL,
 }
 
 

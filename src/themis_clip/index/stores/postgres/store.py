@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
+from themis_clip.index.lexical import trigrams
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
 from themis_clip.index.stores.postgres import queries
@@ -51,6 +52,7 @@ from themis_clip.index.stores.rows import (
     StoredItem,
     checked,
     like_under,
+    ocr_row,
     stored_item,
 )
 from themis_clip.index.where import Where
@@ -321,6 +323,13 @@ class PgStore:
             self._set_dimension(db, dim)
             written = self._writing
             with db.cursor() as cur:
+                # Other content: the text read in the old one is gone (none read: no rows).
+                cur.execute(
+                    "DELETE FROM themis_ocr o USING themis_items i, "
+                    "unnest(%s::text[], %s::text[]) AS n(key, sha) WHERE o.id = i.id "
+                    "AND i.key = n.key AND (n.sha IS NULL OR i.sha256 IS DISTINCT FROM n.sha)",
+                    ([r.key for r in rows], [r.sha256 for r in rows]),
+                )
                 cur.executemany(
                     """INSERT INTO themis_items(key, path, size, mtime_ns, sha256, metadata, doc,
                                                 thumbnail, embedding, written)
@@ -467,6 +476,42 @@ class PgStore:
     def lexical(self, text: str, limit: int, where: Where | None) -> list[int]:
         with self.connection() as db:
             return queries.lexical(db, text, limit, where)
+
+    def set_ocr(self, readings: Mapping[str, Mapping[str, Any]]) -> int:
+        """Store what OCR read in existing items (key → :meth:`OCRResult.to_json` data), in
+        one transaction, replacing an earlier reading; vectors are left alone. Returns how
+        many of the keys were items."""
+        rows = []
+        for key, data in readings.items():
+            text, lines = ocr_row(data, key=key)
+            grams = sorted({g for w in text.split() for g in trigrams(w)})
+            rows.append((text, jsonb_text(lines), grams, key))
+        if not rows:
+            return 0
+        done = 0
+        with self.transaction() as db:
+            for row in rows:
+                done += db.execute(
+                    "INSERT INTO themis_ocr(id, text, lines, grams) "
+                    "SELECT id, %s, %s::jsonb, %s FROM themis_items WHERE key = %s "
+                    "ON CONFLICT(id) DO UPDATE SET text = excluded.text, lines = excluded.lines, "
+                    "grams = excluded.grams",
+                    row,
+                ).rowcount
+        return done
+
+    def ocr_readings(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The OCR readings of those of ``ids`` that were read (:meth:`set_ocr`'s data)."""
+        with self.connection() as db:
+            return queries.ocr_readings(db, ids)
+
+    def unread_under(self, prefix: str) -> dict[str, StoredItem]:
+        """The items under the folder ``prefix`` (keyed by path) that OCR never read."""
+        rows = self._select(
+            "path LIKE %s AND NOT EXISTS (SELECT 1 FROM themis_ocr o WHERE o.id = themis_items.id)",
+            (like_under(prefix),),
+        )
+        return {r[2]: stored_item(r) for r in rows}
 
     def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]:
         with self.connection() as db:

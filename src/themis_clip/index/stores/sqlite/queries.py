@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from themis_clip.index.lexical import fts5_query
+from themis_clip.index.lexical import (
+    TOLERANT_MIN_CHARS,
+    fts5_query,
+    interleave,
+    ocr_score,
+    ocr_words,
+    trigrams,
+)
 from themis_clip.index.where import Where
 from themis_clip.index.wheresql import compile_sqlite, sqlite_instant, sqlite_text
 
@@ -18,6 +25,8 @@ __all__ = [
     "keys_present",
     "lexical",
     "metadata_facets",
+    "ocr_lexical",
+    "ocr_readings",
     "photo_facets",
     "timeline",
 ]
@@ -36,6 +45,8 @@ _MAKES_SQL = (
     f"SELECT {_MAKE} AS make, count(*) AS n FROM items WHERE make IS NOT NULL "  # noqa: S608
     "GROUP BY make ORDER BY n DESC, make LIMIT ?"
 )
+#: How many items sharing a trigram with a query a tolerant OCR match looks at, at most.
+_TOLERANT_CANDIDATES = 1000
 #: Ranked ids of the items matching an FTS5 query (bound: the query, then the limit); best
 #: first by BM25, ties by id. ``{where}`` is empty or `` AND rowid IN (...)``.
 _LEXICAL_SQL = (
@@ -61,17 +72,73 @@ def ids_where(db: sqlite3.Connection, where: Where) -> set[int]:
 
 def lexical(db: sqlite3.Connection, text: str, limit: int, where: Where | None) -> list[int]:
     """Ids of the items matching ``where`` whose key, path or string metadata hold every word
-    of ``text``, best first (BM25), at most ``limit`` (:mod:`themis_clip.index.lexical`)."""
+    of ``text`` (best first by BM25), merged with those whose OCR text holds them
+    (:func:`ocr_lexical`), at most ``limit`` (:mod:`themis_clip.index.lexical`)."""
+    by_words: list[int] = []
     query = fts5_query(text)
-    if query is None:
+    if query is not None:
+        clause, params = _matching(where, "rowid")
+        try:
+            rows = db.execute(_LEXICAL_SQL.format(where=clause), [query, *params, int(limit)])
+            by_words = [int(r[0]) for r in rows.fetchall()]
+        except sqlite3.OperationalError as exc:  # a query FTS5 cannot parse: none matches
+            log.debug("lexical query %r: %s", query, exc)
+    return interleave([by_words, ocr_lexical(db, text, limit, where)])[:limit]
+
+
+def _phrase(word: str) -> str:
+    return '"' + word.replace('"', '""') + '"'
+
+
+def ocr_lexical(db: sqlite3.Connection, text: str, limit: int, where: Where | None) -> list[int]:
+    """Ids of the items matching ``where`` whose OCR text holds every word of ``text`` as a
+    substring (best first by BM25 over trigrams), then, when fewer than ``limit``, those
+    that hold them tolerantly (best similarity first). An index without OCR rows answers
+    from an empty table."""
+    words = ocr_words(text)
+    if not words:
+        return []
+    if db.execute("SELECT 1 FROM ocr LIMIT 1").fetchone() is None:
         return []
     clause, params = _matching(where, "rowid")
-    try:
-        rows = db.execute(_LEXICAL_SQL.format(where=clause), [query, *params, int(limit)])
-        return [int(r[0]) for r in rows.fetchall()]
-    except sqlite3.OperationalError as exc:  # a query FTS5 cannot parse: none matches
-        log.debug("lexical query %r: %s", query, exc)
-        return []
+    long = [w for w in words if len(w) >= 3]
+    short = [w for w in words if len(w) < 3]  # no trigram: checked on the rows found
+    checks = "".join(" AND instr(lower(text), ?) > 0" for _ in short)
+    if long:
+        sql = (
+            "SELECT rowid FROM ocr_lexical WHERE ocr_lexical MATCH ?"  # noqa: S608
+            f"{checks}{clause} ORDER BY bm25(ocr_lexical), rowid LIMIT ?"
+        )
+        first: list[Any] = [" AND ".join(_phrase(w) for w in long)]
+    else:
+        sql = (
+            "SELECT rowid FROM ocr_lexical WHERE text <> ''"  # noqa: S608
+            f"{checks}{clause} ORDER BY rowid LIMIT ?"
+        )
+        first = []
+    found = [int(r[0]) for r in db.execute(sql, [*first, *short, *params, int(limit)])]
+    tolerant = [w for w in words if len(w) >= TOLERANT_MIN_CHARS]
+    if len(found) >= limit or not tolerant:
+        return found
+    grams = sorted({g for w in tolerant for g in trigrams(w, padded=False)})
+    rows = db.execute(
+        f"SELECT rowid, text FROM ocr_lexical WHERE ocr_lexical MATCH ?{clause} "  # noqa: S608
+        "ORDER BY bm25(ocr_lexical), rowid LIMIT ?",
+        [" OR ".join(_phrase(g) for g in grams), *params, _TOLERANT_CANDIDATES],
+    ).fetchall()
+    seen = set(found)
+    scored = [(ocr_score(words, t), int(i)) for i, t in rows if int(i) not in seen]
+    close = sorted((-score, i) for score, i in scored if score > 0)
+    return found + [i for _, i in close][: limit - len(found)]
+
+
+def ocr_readings(db: sqlite3.Connection, ids: Sequence[int]) -> dict[int, str]:
+    """The stored OCR readings (JSON text) of those of ``ids`` that were read."""
+    if not ids:
+        return {}
+    marks = ",".join("?" * len(ids))
+    sql = f"SELECT id, lines FROM ocr WHERE id IN ({marks})"  # noqa: S608 - only "?" marks
+    return {int(i): t for i, t in db.execute(sql, [int(i) for i in ids]).fetchall()}
 
 
 def timeline(db: sqlite3.Connection, where: Where | None) -> list[tuple[int, Any, Any, Any]]:

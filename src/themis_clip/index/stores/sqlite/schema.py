@@ -15,7 +15,7 @@ __all__ = ["ADD_FIELDS", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ADD_FIELDS = "INSERT OR REPLACE INTO fields(id, key, kind, value) SELECT id, ?, ?, ? FROM items"
 
 
@@ -108,6 +108,29 @@ _WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
     + ")",
 ]
 
+#: v7: the text read in pictures (OCR), one row per item that was read (``text`` empty: none
+#: found), substring-searchable through an FTS5 trigram index kept by triggers. An item
+#: rewritten with other content loses its reading; a deleted one, its row. An index never read
+#: has no rows and its triggers find nothing to do.
+_OCR_DDL: list[str | Callable[[sqlite3.Connection], None]] = [
+    "CREATE TABLE IF NOT EXISTS ocr (id INTEGER PRIMARY KEY, text TEXT NOT NULL, "
+    "lines TEXT NOT NULL)",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS ocr_lexical USING fts5(text, content = 'ocr', "
+    "content_rowid = 'id', tokenize = 'trigram')",
+    "CREATE TRIGGER IF NOT EXISTS ocr_lexical_insert AFTER INSERT ON ocr BEGIN "
+    "INSERT INTO ocr_lexical(rowid, text) VALUES (new.id, new.text); END",
+    "CREATE TRIGGER IF NOT EXISTS ocr_lexical_delete AFTER DELETE ON ocr BEGIN "
+    "INSERT INTO ocr_lexical(ocr_lexical, rowid, text) VALUES ('delete', old.id, old.text); END",
+    "CREATE TRIGGER IF NOT EXISTS ocr_lexical_update AFTER UPDATE ON ocr BEGIN "
+    "INSERT INTO ocr_lexical(ocr_lexical, rowid, text) VALUES ('delete', old.id, old.text); "
+    "INSERT INTO ocr_lexical(rowid, text) VALUES (new.id, new.text); END",
+    "CREATE TRIGGER IF NOT EXISTS items_ocr_delete AFTER DELETE ON items BEGIN "
+    "DELETE FROM ocr WHERE id = old.id; END",
+    "CREATE TRIGGER IF NOT EXISTS items_ocr_rewrite AFTER UPDATE OF vector, sha256 ON items "
+    "WHEN new.sha256 IS NULL OR old.sha256 IS NOT new.sha256 BEGIN "
+    "DELETE FROM ocr WHERE id = new.id; END",
+]
+
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -139,4 +162,6 @@ MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     # v6: lexical search over key, path and string metadata (FTS5), and expression indexes for
     # where-filters on dates and places.
     6: [*_FTS_DDL, *_WHERE_INDEXES],
+    # v7: the text read in pictures (OCR) and its trigram index.
+    7: _OCR_DDL,
 }

@@ -17,6 +17,8 @@ transaction; an index written by a newer themis-clip is refused, not guessed at)
                                                     :func:`.metadata.comparable` makes them
     items_taken, items_gps (v6)                     expression indexes for ``where`` filters
                                                     on ``taken`` and ``gps``
+    ocr(id PRIMARY KEY, text, lines) (v7)           the text read in an item (OCR), its lines
+                                                    as JSON; ``ocr_lexical`` its trigram index
 
 ``written`` and ``removed`` let a search graph or matrix catch up with the writes since the
 version it reflects (:meth:`SQLiteStore.changes_since`) instead of being rebuilt.
@@ -36,6 +38,7 @@ except inside this thread's own transaction, which reads what it is writing.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -59,6 +62,7 @@ from themis_clip.index.stores.rows import (
     StoredItem,
     checked,
     like_under,
+    ocr_row,
     stored_item,
 )
 from themis_clip.index.stores.sqlite import queries
@@ -432,6 +436,34 @@ class SQLiteStore:
 
     def timeline(self, where: Where | None) -> list[tuple[int, Any, Any, Any]]:
         return queries.timeline(self._reader(), where)
+
+    def set_ocr(self, readings: Mapping[str, Mapping[str, Any]]) -> int:
+        """Store what OCR read in existing items (key → :meth:`OCRResult.to_json` data), in
+        one transaction, replacing an earlier reading; vectors are left alone. Returns how
+        many of the keys were items."""
+        rows = [(*ocr_row(data, key=k), k) for k, data in readings.items()]
+        if not rows:
+            return 0
+        with self.transaction() as db:
+            done = 0
+            for text, lines, key in rows:
+                done += db.execute(
+                    "INSERT INTO ocr(id, text, lines) SELECT id, ?, ? FROM items WHERE key = ? "
+                    "ON CONFLICT(id) DO UPDATE SET text = excluded.text, lines = excluded.lines",
+                    (text, lines, key),
+                ).rowcount
+        return done
+
+    def ocr_readings(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """The OCR readings of those of ``ids`` that were read (:meth:`set_ocr`'s data)."""
+        return {i: json.loads(t) for i, t in queries.ocr_readings(self._reader(), ids).items()}
+
+    def unread_under(self, prefix: str) -> dict[str, StoredItem]:
+        """The items under the folder ``prefix`` (keyed by path) that OCR never read."""
+        rows = self._select(
+            "path LIKE ? ESCAPE '\\' AND id NOT IN (SELECT id FROM ocr)", (like_under(prefix),)
+        ).fetchall()
+        return {r[2]: stored_item(r) for r in rows}
 
     def metadata_keys_present(self, keys: Iterable[str]) -> set[str]:
         return queries.keys_present(self._reader(), keys)
