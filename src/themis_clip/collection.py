@@ -41,6 +41,8 @@ from themis_clip.index.relevance import (
 )
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.where import Where, with_filters
+from themis_clip.loading import load_ocr
+from themis_clip.ocr import OCREngine
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.preprocess.exif import read_exif
 from themis_clip.vocabulary import ModelIdentity
@@ -55,6 +57,7 @@ __all__ = [
     "browse",
     "choose_cut",
     "cut_matches",
+    "lexical",
     "sort_hits",
     "weak_line",
 ]
@@ -144,6 +147,7 @@ class Collection:
         self._ready = ready
         self._closers: list[Callable[[], None]] = []
         self._lines: dict[tuple[str, int], WeakLine | None] = {}
+        self._ocr: OCREngine | None = None
 
     @classmethod
     def open(
@@ -184,22 +188,46 @@ class Collection:
             raise ModelError("the model is not initialised")
         return identity
 
+    @property
+    def ocr(self) -> OCREngine:
+        """The OCR engine of the configuration's ``ocr`` section, opened on first use on the
+        model's backend (closed with the collection)."""
+        if self._ocr is None:
+            config = self._config or self.plugin.config
+            if config is None:
+                raise ModelError("the model is not initialised")
+            self._ocr = load_ocr(config)
+            self._closers.insert(0, self._ocr.close)
+        return self._ocr
+
     def index_folder(
         self,
         folder: str | Path,
         *,
         progress: Callable[[int, int], None] | None = None,
         exclude: Sequence[str] = (),
+        ocr: bool | None = None,
     ) -> IndexReport:
         """Bring the index up to date with the images under ``folder`` (recursive,
         incremental, resumable): each file's folder, name, size, modification time and EXIF
         (taken, camera, GPS, upright size) are recorded beside its vector. NAS, system and
         trash files are skipped, and what matches a glob of ``exclude``
-        (``report.skipped`` counts them by reason)."""
+        (``report.skipped`` counts them by reason).
+
+        ``ocr`` (None: the configuration's ``ocr.enabled``) also reads the text in every
+        item under ``folder`` that has none read yet (new and changed files, and on an index
+        built without it all of them, with no embedding again); lexical search finds it."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError(f"not a folder: {folder}")
         config = self._config or self.plugin.config
+        reader = None
+        if ocr if ocr is not None else (config is not None and config.ocr.enabled):
+            engine = self.ocr  # opened before the walk: a missing model fails first
+
+            def reader(path: Path) -> dict[str, Any]:
+                return engine.read_text(path).to_json()
+
         try:
             return _index_folder(
                 self.index,
@@ -212,6 +240,7 @@ class Collection:
                 metadata_version=METADATA_VERSION,
                 prefetch=lambda paths: self._plugin.prefetch(paths, config),
                 exclude=exclude,
+                read_text=reader,
             )
         finally:
             self._plugin.prefetch(())
@@ -371,6 +400,33 @@ def browse(
         order="newest" if sort == "score" else sort,
     )
     return Matches(hits=page.hits)
+
+
+def lexical(
+    index: VectorIndex,
+    text: str,
+    *,
+    k: int = 10,
+    filters: dict[str, Any] | None = None,
+    where: Where | None = None,
+    sort: str = "score",
+) -> Matches:
+    """The items of ``index`` whose file name, path, string metadata or text read in the
+    picture (OCR, by substring: ``bucks`` finds ``STARBUCKS``) hold every word of ``text``,
+    best first, each with the OCR lines that matched (no model needed)."""
+    if k < 1:
+        raise InputError("k must be >= 1")
+    if sort not in SORTS:
+        raise InputError(f"sort {sort!r}: one of {', '.join(SORTS)}")
+    page = search_page(
+        index,
+        mode=QueryMode.LEXICAL,
+        k=k,
+        identity={},
+        text=text,
+        where=with_filters(filters, where),
+    )
+    return Matches(hits=sort_hits(page.hits, sort))
 
 
 def choose_cut(

@@ -32,6 +32,7 @@ from themis_clip.models.hub import ResolvedModel
 from themis_clip.models.hub import resolve as resolve_source
 from themis_clip.models.layout import model_identity_digest, resolve_model
 from themis_clip.models.spec import ImageSpec, ModelSpec
+from themis_clip.ocr import OCREngine
 from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.preprocess.text import make_tokenizer
 from themis_clip.runtime import (
@@ -45,7 +46,13 @@ from themis_clip.runtime import (
 )
 from themis_clip.vocabulary import Layout, LoadingMode, ModelIdentity
 
-__all__ = ["CanaryFailedError", "declared_preprocessor", "load_model"]
+__all__ = [
+    "CanaryFailedError",
+    "declared_preprocessor",
+    "load_model",
+    "load_ocr",
+    "session_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +81,7 @@ def load_model(
     local, spec = _resolve(config)
     expected = mc.expected_sha256 if mc.expected_sha256 is not None else local.digests or None
     digest = model_identity_digest(spec, expected, hash_fn)
-    settings = SessionSettings(
-        intra_op_threads=config.intra_op_threads,
-        device_id=config.device_id,
-        tensorrt_cache_dir=config.tensorrt.cache_dir,
-        tensorrt_fp16=config.tensorrt.fp16,
-        optimization_level=config.session.optimization_level,
-        optimized_cache_dir=config.session.optimized_model_cache_dir,
-        cpu_mem_arena=config.session.cpu_mem_arena,
-        allow_spinning=config.session.allow_spinning,
-        run_timeout_s=config.session.run_timeout_s,
-        openvino_device=config.openvino.device,
-        openvino_precision=config.openvino.precision,
-    )
+    settings = session_settings(config)
     if backend is BackendType.AUTO:
         backend = auto_backend()
     plans = plan_providers(
@@ -262,6 +257,42 @@ def _textual_opener(
             raise
 
     return open_textual
+
+
+def session_settings(config: PluginConfig) -> SessionSettings:
+    """The ONNX Runtime session settings ``config`` asks for (every model it opens shares them)."""
+    return SessionSettings(
+        intra_op_threads=config.intra_op_threads,
+        device_id=config.device_id,
+        tensorrt_cache_dir=config.tensorrt.cache_dir,
+        tensorrt_fp16=config.tensorrt.fp16,
+        optimization_level=config.session.optimization_level,
+        optimized_cache_dir=config.session.optimized_model_cache_dir,
+        cpu_mem_arena=config.session.cpu_mem_arena,
+        allow_spinning=config.session.allow_spinning,
+        run_timeout_s=config.session.run_timeout_s,
+        openvino_device=config.openvino.device,
+        openvino_precision=config.openvino.precision,
+    )
+
+
+def load_ocr(config: PluginConfig, *, budget: PixelBudget | None = None) -> OCREngine:
+    """The OCR engine of ``config.ocr`` on ``config``'s backend and session settings, with its
+    decode limit (so OCR runs where embedding does, within the same limits).
+
+    Raises:
+        ModelNotFoundError, ModelFormatError, BackendUnavailableError: as
+        :meth:`OCREngine.load`.
+    """
+    backend = config.backend if config.backend is not BackendType.AUTO else auto_backend()
+    return OCREngine.load(
+        config.ocr,
+        backend=backend,
+        settings=session_settings(config),
+        available=[] if backend is BackendType.CPU else None,
+        max_image_pixels=config.preprocess.max_image_pixels,
+        budget=budget,
+    )
 
 
 def declared_preprocessor(

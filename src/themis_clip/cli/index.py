@@ -24,7 +24,7 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
-from themis_clip.collection import SORTS, Collection, Query, browse
+from themis_clip.collection import SORTS, Collection, Query, browse, lexical
 from themis_clip.errors import WhereError
 from themis_clip.files import file_lock
 from themis_clip.index.indexer import IndexReport
@@ -53,6 +53,13 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--from-parquet", action="store_true", help="FOLDER holds embed-dataset Parquet output"
     )
+    p.add_argument(
+        "--ocr",
+        action="store_true",
+        help="also read the text in the pictures (signs, receipts, screens) for lexical and "
+        "hybrid search; on an existing index, reads the items not read yet without embedding "
+        "them again (the config's ocr.enabled does the same)",
+    )
     model_args(p)
     p.set_defaults(func=_cmd_index)
 
@@ -74,10 +81,14 @@ def register(sub: Any) -> None:
         help="subtract a text (or an image file) from the query (weight -1)",
     )
     p.add_argument(
-        "--hybrid",
-        action="store_true",
-        help="also match the words of TEXT in file names, paths and metadata (fused by rank)",
+        "--mode",
+        choices=("vector", "lexical", "hybrid"),
+        default="vector",
+        help="vector (default: what the pictures show), lexical (the words of TEXT in file "
+        "names, paths, metadata and the text read in the pictures, by substring; no model "
+        "needed), hybrid (both, fused by rank)",
     )
+    p.add_argument("--hybrid", action="store_true", help="the same as --mode hybrid")
     p.add_argument("-k", type=int, default=10, help="number of results (default 10)")
     p.add_argument(
         "--cut",
@@ -157,7 +168,9 @@ def _index(args: argparse.Namespace, folder: Path) -> int:
     try:
         update, bar = progress_bar("indexing")
         with bar:
-            report = collection.index_folder(folder, progress=update, exclude=args.exclude)
+            report = collection.index_folder(
+                folder, progress=update, exclude=args.exclude, ocr=True if args.ocr else None
+            )
         _prepare_graph(collection.index)
     except BaseException:
         failed_to_open = _model_failed(collection)
@@ -192,6 +205,10 @@ def _print_report(report: IndexReport, index_path: str) -> None:
     if report.skipped:
         reasons = ", ".join(f"{shown(r)} {n}" for r, n in sorted(report.skipped.items()))
         print(f"  not walked: {sum(report.skipped.values())} ({reasons})")
+    if report.read or report.unread:
+        print(f"  text read in {report.read} picture(s), found in {report.with_text}")
+    for path, error in report.unread:
+        print(f"  text not read in {shown(path)}: {shown(error)}")
 
 
 def _prepare_graph(index: VectorIndex) -> None:
@@ -256,14 +273,27 @@ def _cmd_search(args: argparse.Namespace) -> int:
         raise CLIError("give a text query, --image FILE, or both (or a filter and --sort)")
     if args.query is not None and not args.query.strip():
         raise CLIError("the text query is empty")
-    if args.hybrid and not args.query:
-        raise CLIError("--hybrid needs a text query (its words are matched)")
+    if args.hybrid:
+        args.mode = "hybrid"
+    if args.mode != "vector" and not args.query:
+        raise CLIError(f"--mode {args.mode} needs a text query (its words are matched)")
+    if args.mode == "lexical" and (args.image or args.add or args.subtract):
+        raise CLIError("--mode lexical matches words: --image, --add and --subtract need a model")
     filters = _parse_filters(args.filter) or None
     location = index_location(args) or ""
     if args.query is None and args.image is None:  # a filter, no query: browse it
         with VectorIndex(location, readonly=True) as index:
             found = browse(index, k=args.k, filters=filters, where=args.where, sort=args.sort)
         _print_hits(found, as_json=args.json)
+        return 0
+    if args.mode == "lexical":
+        with VectorIndex(location, readonly=True) as index:
+            found = lexical(
+                index, args.query, k=args.k, filters=filters, where=args.where, sort=args.sort
+            )
+        _print_hits(found, as_json=args.json)
+        if not found:
+            print(f"themis-clip: no item holds those words in {location}", file=sys.stderr)
         return 0
     query = Query(text=args.query, image=args.image, add=args.add, subtract=args.subtract)
     for value in [*(args.add or []), *(args.subtract or [])]:
@@ -279,7 +309,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
             k=args.k,
             filters=filters,
             where=args.where,
-            hybrid=args.hybrid,
+            hybrid=args.mode == "hybrid",
             cut=args.cut,
             sort=args.sort,
         )
@@ -294,10 +324,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
             "(--cut none shows them)",
             file=sys.stderr,
         )
-    if args.hybrid and matches:
+    if args.mode == "hybrid" and matches:
         print(
             "themis-clip: hybrid scores fuse two rankings (what the pictures show, and the words "
-            "in names and captions): about 0.016 is a first place; the order is what counts",
+            "in names, captions and the pictures' text): about 0.016 is a first place; the order "
+            "is what counts",
             file=sys.stderr,
         )
     return 0
@@ -326,6 +357,7 @@ def _print_hits(hits: Sequence[Hit], *, as_json: bool = False, indent: str = "")
                         "score": round(h.score, 6),
                         "path": h.path,
                         "metadata": h.metadata,
+                        **({"text_matches": list(h.text_matches)} if h.text_matches else {}),
                     }
                     for h in hits
                 ],
@@ -337,6 +369,8 @@ def _print_hits(hits: Sequence[Hit], *, as_json: bool = False, indent: str = "")
         print(f"{indent}(no results)")
     for rank, h in enumerate(hits, 1):
         print(f"{indent}{rank:2d}. {h.score:+.3f}  {shown(h.path or h.key)}")
+        for line in h.text_matches:
+            print(f"{indent}      text: {shown(str(line.get('text', '')))}")
 
 
 class _Once(argparse.Action):

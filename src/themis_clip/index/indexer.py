@@ -8,6 +8,9 @@
   run loses at most the chunk in flight and the next run resumes after the last commit.
 * Files that cannot be decoded are recorded with the reason, listed in every report, and not
   retried until they change. Files that vanished from the folder are removed from the index.
+* With a text reader (OCR), every item under the folder that was never read is read last, in
+  chunks committed like the embeddings: new and changed files (a changed file loses its old
+  reading), and on an index built without OCR every item, without embedding anything again.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip.errors import SearchIndexError, ThemisClipError
 from themis_clip.files import IMAGE_SUFFIXES, pair_companions, sha256_of, walk_images
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.stores import ItemRow, Store, StoredItem
+from themis_clip.index.stores import ItemRow, Lexical, Store, StoredItem
 from themis_clip.interface import EmbeddingResult, ImageData
 from themis_clip.vocabulary import ModelIdentity
 
@@ -36,13 +40,19 @@ __all__ = [
     "ImageEmbedder",
     "IndexReport",
     "Progress",
+    "TextReader",
     "file_metadata",
     "index_folder",
+    "read_texts",
     "walk_images",
 ]
 
 #: ``progress(done, total)``: called as embedding proceeds (the CLI draws a bar from it).
 Progress = Callable[[int, int], None]
+
+#: ``read_text(path)``: what OCR reads in an image, as ``OCRResult.to_json`` data (the index
+#: imports no model code: the caller passes its engine's reader).
+TextReader = Callable[[Path], Mapping[str, Any]]
 
 #: ``metadata(path)``: what the caller reads from an image file for its metadata (the CLI passes
 #: the EXIF reader); {} for none. The index never opens images itself (it imports no image code).
@@ -67,6 +77,9 @@ class IndexReport:
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> files or folders
     merged: int = 0  # RAW and Live video files recorded beside their photo, not embedded
+    read: int = 0  # items whose text was read (OCR)
+    with_text: int = 0  # of those, items where some text was found
+    unread: list[tuple[str, str]] = field(default_factory=list)  # OCR failed: (path, why)
 
     @property
     def embedded(self) -> int:
@@ -270,6 +283,7 @@ def index_folder(
     metadata_version: str = "1",
     prefetch: Callable[[list[Path]], None] | None = None,
     exclude: Sequence[str] = (),
+    read_text: TextReader | None = None,
 ) -> IndexReport:
     """Bring ``index`` up to date with the images under ``folder``.
 
@@ -287,6 +301,9 @@ def index_folder(
     will be asked for, once the folder is walked and the new files hashed (the CLI decodes
     them ahead, while its model still opens). ``stamp`` may be a callable (the CLI's waits for
     the model to open): it is then called after ``prefetch``, before anything is written.
+
+    ``read_text``, when given, reads the text in every item under ``folder`` that has no
+    reading yet (:func:`read_texts`).
     """
     report_progress = progress if callable(progress) else None
     t0 = time.perf_counter()
@@ -425,5 +442,43 @@ def index_folder(
         _refresh_metadata(store, folder, unchanged, metadata, metadata_version)
     report.removed += store.delete_keys(known[p].key for p in vanished)
     store.delete_failures(p for p in failures if p not in seen)
+    if read_text is not None:
+        read_texts(store, folder, read_text, report, chunk=chunk, progress=report_progress)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def read_texts(
+    store: Store,
+    folder: Path,
+    read_text: TextReader,
+    report: IndexReport,
+    *,
+    chunk: int = 128,
+    progress: Progress | None = None,
+) -> None:
+    """Read the text in the items under ``folder`` that have no reading, committing each
+    ``chunk``; vectors are untouched. A picture OCR cannot read is listed in
+    ``report.unread`` and tried again next time.
+
+    Raises:
+        SearchIndexError: the store keeps no text (it is not :class:`Lexical`).
+    """
+    if not isinstance(store, Lexical):
+        raise SearchIndexError(f"the index at {store.path} cannot keep the text read in pictures")
+    todo = sorted(store.unread_under(str(folder)).values(), key=lambda item: item.key)
+    if progress is not None and todo:
+        progress(0, len(todo))
+    for start in range(0, len(todo), chunk):
+        readings: dict[str, Mapping[str, Any]] = {}
+        for item in todo[start : start + chunk]:
+            try:
+                reading = read_text(Path(item.path or item.key))
+            except (ThemisClipError, OSError) as exc:
+                report.unread.append((item.path or item.key, str(exc)))
+                continue
+            readings[item.key] = reading
+            report.with_text += bool(reading.get("lines"))
+        report.read += store.set_ocr(readings)
+        if progress is not None:
+            progress(min(start + chunk, len(todo)), len(todo))

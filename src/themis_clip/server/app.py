@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from themis_clip._version import __version__
 from themis_clip.batching import MicroBatcher
 from themis_clip.index.search import VectorIndex
+from themis_clip.loading import load_ocr
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import (
     Authenticate,
@@ -107,6 +108,10 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
                 background_build=True,
                 settings=settings.search_settings,
             )
+            if settings.plugin_config.ocr.enabled:
+                state.ocr = await asyncio.to_thread(
+                    load_ocr, settings.plugin_config, budget=p.pixel_budget
+                )
             if state.index.store.kind == "postgresql" and state.index.mode == "exact":
                 log.warning(
                     "the index at %s has no pgvector HNSW index yet: searches scan every row "
@@ -139,6 +144,8 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
             await state.text_batcher.close()
             if state.index is not None:
                 state.index.close()
+            if state.ocr is not None:
+                state.ocr.close()
 
     app = FastAPI(
         title="themis-clip",

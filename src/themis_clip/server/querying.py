@@ -279,6 +279,7 @@ def results(hits: list[Hit], mode: str, model_id: str) -> dict[str, Any]:
                 "metadata": h.metadata,
                 "thumbnail": f"/items/{quote(h.key, safe='')}/thumbnail",
                 "preview": f"/items/{quote(h.key, safe='')}/preview",
+                "text_matches": list(h.text_matches),
             }
             for h in hits
         ],

@@ -306,6 +306,17 @@ class ItemsAdded(_Strict):
     model_id: str
 
 
+class TextMatch(_Strict):
+    """A line of text read in the picture (OCR) that the query's words matched."""
+
+    text: str = Field(description="the line as read")
+    box: list[list[float]] = Field(
+        description="its 4 corners [x, y] in the picture's upright pixels, clockwise from the "
+        "text's top-left"
+    )
+    confidence: float = Field(description="the recogniser's confidence, 0-1")
+
+
 class Item(_Strict):
     """An indexed item; ``thumbnail`` and ``preview`` are its pictures' URLs."""
 
@@ -316,6 +327,11 @@ class Item(_Strict):
     metadata: dict[str, Any] | None
     thumbnail: str
     preview: str
+    text_matches: list[TextMatch] = Field(
+        default_factory=list,
+        description="lexical and hybrid results: the lines of text read in the picture that "
+        "the query's words matched (by substring, or tolerantly), and where",
+    )
 
 
 class CutSummary(_Strict):

@@ -20,6 +20,7 @@ from themis_clip.batching import MicroBatcher
 from themis_clip.errors import NotReadyError
 from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
+from themis_clip.ocr import OCREngine
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import APIError
 from themis_clip.server.metrics import Metrics
@@ -46,6 +47,8 @@ class AppState:
     metrics: Metrics
     ready: bool = False
     index: VectorIndex | None = None
+    #: Reads the text in items added over HTTP (the config's ``ocr.enabled`` with an index).
+    ocr: OCREngine | None = None
     # Orders index writes (bind_model + upsert); searches never take it (VectorIndex serves
     # concurrent readers itself).
     index_lock: threading.Lock = field(default_factory=threading.Lock)

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
-from themis_clip.index.stores import Facets, ItemRow
+from themis_clip.index.stores import Facets, ItemRow, Lexical
 from themis_clip.preprocess.thumbnail import make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.bodies import documented, json_body
@@ -65,6 +65,13 @@ async def index_items(
         ItemRow(key=item.id, vector=r.embedding, metadata=item.metadata, thumbnail=t)  # type: ignore[arg-type]
         for item, r, t in zip(body.items, results, thumbs, strict=True)
     ]
+    ocr = state.ocr
+    readings = {}
+    if ocr is not None:  # the text in each picture (decoded again, at OCR's size)
+        pairs = list(zip(body.items, data, strict=True))
+        readings = await asyncio.to_thread(
+            lambda: {item.id: ocr.read_text(d).to_json() for item, d in pairs}
+        )
     current = state.stamp()
     if results[0].model_id != current.model_id:  # swapped between embedding and now
         raise APIError(
@@ -78,6 +85,8 @@ async def index_items(
         with state.index_lock:
             idx.bind_model(current)
             idx.store.upsert(rows, dim=current.dim)
+            if readings and isinstance(idx.store, Lexical):
+                idx.store.set_ocr(readings)
 
     await asyncio.to_thread(write)
     return {"added": len(rows), "ids": [r.key for r in rows], "model_id": current.model_id}

@@ -1,0 +1,167 @@
+"""Finding photos by the text in them, end to end with the real PP-OCRv4 models: a folder of
+generated scenes (a STARBUCKS sign, the same sign turned a quarter, a museum sign, text-free
+landscapes) indexed with OCR on both stores, searched by substring in lexical and hybrid mode
+through the library, the CLI and a real server; OCR added to an index built without it reads
+text only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import ServerProcess
+from tests.ocr_gallery import fonts, make_scene
+from themis_clip import PluginConfig, demo_model_path
+from themis_clip.cli import main
+from themis_clip.collection import Collection, lexical
+from themis_clip.config import ModelConfig, OCRConfig
+from themis_clip.index.where import parse_where
+from themis_clip.interface import BackendType
+from themis_clip.models.ocr import OCR_WHEEL
+
+try:
+    metadata.distribution(OCR_WHEEL)
+except metadata.PackageNotFoundError:
+    pytest.skip(f"{OCR_WHEEL} (the OCR models) is not installed", allow_module_level=True)
+FONTS = fonts()
+if not FONTS:
+    pytest.skip("no gallery font (apt install fonts-dejavu-core)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # each test runs the OCR models
+EXE = str(Path(sys.executable).parent / "themis-clip")
+
+
+@pytest.fixture(scope="module")
+def gallery(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("gallery")
+    make_scene(folder / "cafe.jpg", kind="sign", font=FONTS[0], seed=3, word="STARBUCKS")
+    make_scene(
+        folder / "turned.jpg", kind="sign", font=FONTS[1], seed=5, word="STARBUCKS", rotation=90
+    )
+    make_scene(folder / "m.jpg", kind="sign", font=FONTS[-1], seed=7, word="MUSEUM")
+    make_scene(folder / "hills.jpg", kind="landscape", font=FONTS[0], seed=11)
+    make_scene(folder / "lake.jpg", kind="landscape", font=FONTS[0], seed=12)
+    return folder
+
+
+def config(ocr: bool = False) -> PluginConfig:
+    return PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        backend=BackendType.CPU,
+        ocr=OCRConfig(enabled=ocr),
+    )
+
+
+def names(hits: object) -> list[str]:
+    return [Path(h.key).name for h in hits]  # type: ignore[attr-defined]
+
+
+def test_index_with_ocr_then_search_by_substring(
+    location: str, gallery: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "photos"
+    shutil.copytree(gallery, folder)
+    gallery = folder
+    with Collection.open(location, config()) as photos:
+        plain = photos.index_folder(gallery)  # no OCR: nothing read, nothing found
+        assert plain.added == 5 and plain.read == 0
+        assert list(lexical(photos.index, "bucks")) == []
+        before = {
+            k: photos.index.store.vector(k) for k in photos.index.store.items_under(str(gallery))
+        }
+        # OCR added to the existing index: text read, nothing embedded again.
+        report = photos.index_folder(gallery, ocr=True)
+        assert report.embedded == 0 and report.unchanged == 5
+        assert report.read == 5 and report.with_text == 3 and report.unread == []
+        for key, vector in before.items():
+            assert np.array_equal(photos.index.store.vector(key), vector)
+        again = photos.index_folder(gallery, ocr=True)
+        assert again.read == 0  # every item has its reading
+
+        found = lexical(photos.index, "bucks", k=5)
+        assert sorted(names(found)) == ["cafe.jpg", "turned.jpg"]  # turned text is found too
+        for hit in found:
+            (match,) = hit.text_matches
+            assert match["text"].upper() == "STARBUCKS" and len(match["box"]) == 4
+            xs = [x for x, _ in match["box"]]
+            ys = [y for _, y in match["box"]]
+            tall = max(ys) - min(ys) > max(xs) - min(xs)
+            assert tall == (Path(hit.key).name == "turned.jpg")  # the box is where it stands
+        assert names(lexical(photos.index, "museum")) == ["m.jpg"]
+        assert names(lexical(photos.index, "starbuks")) != []  # a misspelling, tolerated
+        hybrid = photos.search("bucks", k=5, hybrid=True)
+        assert sorted(names(hybrid.hits[:2])) == ["cafe.jpg", "turned.jpg"]
+        assert all(h.text_matches for h in hybrid.hits[:2])
+        with_text = photos.browse(k=10, where=parse_where({"$has_text": True}))
+        assert sorted(names(with_text)) == ["cafe.jpg", "m.jpg", "turned.jpg"]
+        none = photos.browse(k=10, where=parse_where({"$has_text": False}))
+        assert sorted(names(none)) == ["hills.jpg", "lake.jpg"]
+        # A changed file loses its old reading and is read again.
+        make_scene(gallery / "m.jpg", kind="sign", font=FONTS[0], seed=8, word="HARBOUR")
+        changed = photos.index_folder(gallery, ocr=True)
+        assert changed.updated == 1 and changed.read == 1
+        assert names(lexical(photos.index, "harbour")) == ["m.jpg"]
+        assert names(lexical(photos.index, "museum")) == []
+
+
+def test_cli_index_ocr_and_lexical_search(
+    tmp_path: Path, gallery: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    index = str(tmp_path / "i.db")
+    model = ["--model", str(demo_model_path()), "--backend", "cpu"]
+    assert main(["index", str(gallery), "--index", index, "--ocr", *model]) == 0
+    out = capsys.readouterr().out
+    assert "text read in 5 picture(s), found in 3" in out
+    assert main(["search", "BUCKS", "--mode", "lexical", "--index", index, "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    assert sorted(Path(h["key"]).name for h in hits) == ["cafe.jpg", "turned.jpg"]
+    assert all(h["text_matches"][0]["text"] == "STARBUCKS" for h in hits)
+    where = ["--where", '{"$has_text": true}']
+    assert main(["search", "museum", "--mode", "lexical", "--index", index, *where]) == 0
+    assert "m.jpg" in capsys.readouterr().out
+    code = main(["search", "bucks", "--mode", "lexical", "--image", "x.jpg", "--index", index])
+    assert code != 0 and "--mode lexical" in capsys.readouterr().err
+
+
+@pytest.fixture
+def ocr_server(tmp_path: Path) -> Iterator[httpx.Client]:
+    settings = tmp_path / "config.json"
+    settings.write_text(
+        json.dumps({"model": {"path": str(demo_model_path())}, "ocr": {"enabled": True}})
+    )
+    args = ["--config", str(settings), "--index", str(tmp_path / "i.db"), "--backend", "cpu"]
+    with ServerProcess(args) as server, httpx.Client(base_url=server.base, timeout=120) as c:
+        yield c
+
+
+def test_items_added_over_http_are_read_and_found(ocr_server: httpx.Client, gallery: Path) -> None:
+    import base64
+
+    def item(name: str) -> dict[str, str]:
+        data = base64.b64encode((gallery / name).read_bytes()).decode()
+        return {"id": name, "image": "data:image/jpeg;base64," + data}
+
+    added = ocr_server.post("/index/items", json={"items": [item("cafe.jpg"), item("lake.jpg")]})
+    assert added.status_code == 200, added.text
+    found = ocr_server.post(
+        "/search", json={"text": "bucks", "mode": "lexical", "k": 5, "cut": "none"}
+    )
+    assert found.status_code == 200, found.text
+    (hit,) = found.json()["results"]
+    assert hit["id"] == "cafe.jpg"
+    (match,) = hit["text_matches"]
+    assert match["text"] == "STARBUCKS" and len(match["box"]) == 4 and match["confidence"] > 0.5
+    texts = ocr_server.post(
+        "/search", json={"mode": "browse", "k": 5, "where": {"$has_text": True}}
+    ).json()
+    assert [r["id"] for r in texts["results"]] == ["cafe.jpg"]
+    schema = ocr_server.get("/openapi.json").json()["components"]["schemas"]
+    assert "text_matches" in schema["Item"]["properties"] and "TextMatch" in schema
