@@ -7,6 +7,7 @@ text only."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.cdp import Browser, chromium
 from tests.helpers import ServerProcess
 from tests.ocr_gallery import fonts, make_scene
 from themis_clip import PluginConfig, demo_model_path
@@ -165,3 +167,65 @@ def test_items_added_over_http_are_read_and_found(ocr_server: httpx.Client, gall
     assert [r["id"] for r in texts["results"]] == ["cafe.jpg"]
     schema = ocr_server.get("/openapi.json").json()["components"]["schemas"]
     assert "text_matches" in schema["Item"]["properties"] and "TextMatch" in schema
+
+
+@pytest.mark.skipif(
+    chromium() is None and not os.environ.get("CI"), reason="chromium not installed (CI has it)"
+)
+def test_the_viewer_outlines_the_matched_text(ocr_server: httpx.Client, gallery: Path) -> None:
+    """In headless Chromium: a hybrid search for "bucks", the first result opened, and the
+    outline drawn where the sign's word is on the picture as shown."""
+    import base64
+
+    items = [
+        {"id": n, "image": "data:image/jpeg;base64," + base64.b64encode(p.read_bytes()).decode()}
+        for n, p in (("cafe", gallery / "cafe.jpg"), ("hills", gallery / "hills.jpg"))
+    ]
+    assert ocr_server.post("/index/items", json={"items": items}).status_code == 200
+    expected = ocr_server.post(
+        "/search", json={"text": "bucks", "mode": "hybrid", "k": 2, "cut": "none"}
+    ).json()["results"]
+    cafe = next(r for r in expected if r["id"] == "cafe")
+    (match,) = cafe["text_matches"]
+    browser = Browser()
+    try:
+        browser.navigate(str(ocr_server.base_url) + "/")
+        browser.wait_for("document.getElementById('info').textContent.includes('items')")
+        browser.evaluate("document.getElementById('hybrid').checked = true")
+        browser.type_text("#q", "bucks")
+        browser.press_enter()
+        browser.wait_for("document.getElementById('status').textContent.includes('together')")
+        browser.evaluate(
+            "[...document.querySelectorAll('#results figure')]"
+            ".find(f => f.querySelector('.name').textContent === 'cafe')"
+            ".querySelector('button.card').click()"
+        )
+        browser.wait_for(
+            "(() => { const i = document.getElementById('v-img');"
+            " return i.complete && i.naturalWidth > 0; })()"
+        )
+        got = browser.evaluate(
+            "(() => { const i = document.getElementById('v-img').getBoundingClientRect();"
+            " const s = [...document.querySelectorAll('#v-marks polygon')];"
+            " return {img: [i.left, i.top, i.width, i.height], n: s.length,"
+            " box: s.map(p => { const r = p.getBoundingClientRect();"
+            " return [r.left, r.top, r.right, r.bottom]; }),"
+            " title: s.map(p => p.textContent),"
+            " shown: document.getElementById('v-title').textContent}; })()"
+        )
+        assert got["shown"] == "cafe" and got["n"] == 1 and got["title"] == ["STARBUCKS"]
+        left, top, width, height = got["img"]
+        fw, fh = match["frame"]
+        xs = [left + x * width / fw for x, _ in match["box"]]
+        ys = [top + y * height / fh for _, y in match["box"]]
+        want = [min(xs), min(ys), max(xs), max(ys)]
+        assert all(abs(a - b) <= 3 for a, b in zip(got["box"][0], want, strict=True)), (got, want)
+        assert width < fw  # shown smaller than the picture: the outline was scaled
+        # Another result without matched text: no outline.
+        browser.evaluate(
+            "(() => { const n = document.getElementById('v-next');"
+            " (n.disabled ? document.getElementById('v-prev') : n).click(); })()"
+        )
+        browser.wait_for("document.querySelectorAll('#v-marks polygon').length === 0")
+    finally:
+        browser.close()

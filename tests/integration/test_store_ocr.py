@@ -95,7 +95,12 @@ def test_results_name_the_matched_lines_and_boxes(location: str) -> None:
         page = search_page(index, mode=QueryMode.LEXICAL, k=5, identity={}, text="bucks")
         assert [h.key for h in page.hits] == ["/p/0.jpg"]
         (match,) = page.hits[0].text_matches
-        assert match == {"text": "STARBUCKS COFFEE", "box": BOX, "confidence": 0.9}
+        assert match == {
+            "text": "STARBUCKS COFFEE",
+            "box": BOX,
+            "confidence": 0.9,
+            "frame": [640, 480],
+        }
         page = search_page(
             index, mode=QueryMode.HYBRID, k=8, identity={}, text="starbucks", vector=unit(5)
         )

@@ -273,10 +273,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
         raise CLIError("give a text query, --image FILE, or both (or a filter and --sort)")
     if args.query is not None and not args.query.strip():
         raise CLIError("the text query is empty")
+    flag = "--hybrid" if args.hybrid else f"--mode {args.mode}"
     if args.hybrid:
         args.mode = "hybrid"
     if args.mode != "vector" and not args.query:
-        raise CLIError(f"--mode {args.mode} needs a text query (its words are matched)")
+        raise CLIError(f"{flag} needs a text query (its words are matched)")
     if args.mode == "lexical" and (args.image or args.add or args.subtract):
         raise CLIError("--mode lexical matches words: --image, --add and --subtract need a model")
     filters = _parse_filters(args.filter) or None

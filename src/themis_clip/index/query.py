@@ -345,7 +345,9 @@ def _ranked(
 
 
 def _matched(text: str, reading: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...]:
-    """The lines of an OCR ``reading`` that the words of ``text`` match."""
+    """The lines of an OCR ``reading`` that the words of ``text`` match, each with the
+    picture's upright size as ``frame`` (the box's frame: a viewer scales it to what it shows)."""
     if not reading:
         return ()
-    return tuple(dict(line) for line in matched_lines(text, reading.get("lines", [])))
+    frame = [reading.get("width"), reading.get("height")]
+    return tuple({**line, "frame": frame} for line in matched_lines(text, reading.get("lines", [])))

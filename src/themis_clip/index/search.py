@@ -56,7 +56,8 @@ _RECORDS_PER_READ = 2_000
 @dataclass(frozen=True, kw_only=True)
 class Hit:
     """One result. ``text_matches``: the lines of text read in the item (OCR) that a lexical
-    or hybrid query's words matched, ``{"text", "box": 4 [x, y] points, "confidence"}``."""
+    or hybrid query's words matched, ``{"text", "box": 4 [x, y] points, "confidence",
+    "frame": [width, height]}`` (the picture's upright size the box is measured in)."""
 
     key: str
     score: float

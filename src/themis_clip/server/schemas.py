@@ -315,6 +315,10 @@ class TextMatch(_Strict):
         "text's top-left"
     )
     confidence: float = Field(description="the recogniser's confidence, 0-1")
+    frame: list[int] = Field(
+        description="[width, height]: the picture's upright size in pixels, the box's frame "
+        "(scale the box by the shown size over this)"
+    )
 
 
 class Item(_Strict):

@@ -487,6 +487,28 @@ function metadataRows(metadata) {
   }
 }
 
+// The lines of text the query matched (OCR), outlined on the picture: their boxes are in the
+// picture's own pixels (frame), so the overlay's viewBox is that frame, stretched over the image.
+function drawMarks(hit) {
+  const marks = $('v-marks');
+  marks.replaceChildren();
+  const matches = (hit.text_matches || []).filter((m) => m.frame && m.frame[0] > 0 && m.frame[1] > 0);
+  marks.hidden = !matches.length;
+  if (!matches.length) return;
+  const svg = 'http://www.w3.org/2000/svg';
+  marks.setAttribute('viewBox', '0 0 ' + matches[0].frame[0] + ' ' + matches[0].frame[1]);
+  marks.setAttribute('preserveAspectRatio', 'none');
+  for (const m of matches) {
+    const shape = document.createElementNS(svg, 'polygon');
+    shape.setAttribute('points', m.box.map((p) => p[0] + ',' + p[1]).join(' '));
+    shape.setAttribute('vector-effect', 'non-scaling-stroke');
+    const title = document.createElementNS(svg, 'title');
+    title.textContent = m.text;
+    shape.append(title);
+    marks.append(shape);
+  }
+}
+
 function openViewer(i) {
   if (i < 0 || i >= state.hits.length) return;
   state.current = i;
@@ -499,6 +521,7 @@ function openViewer(i) {
     'rank ' + (i + 1) + ' by pictures and words together (fused score ' + hit.score.toFixed(4) + ')' :
     'score ' + hit.score.toFixed(4)) + ' · ' + (i + 1) + ' of ' + state.hits.length;
   $('v-path').textContent = String(hit.path || hit.id);
+  drawMarks(hit);
   metadataRows(hit.metadata);
   $('v-probs').replaceChildren();
   $('v-probs-note').hidden = true;
