@@ -530,6 +530,8 @@ def test_where_values_and_keys_never_become_sql(location: str) -> None:
         ({"n": {"$in": list(range(300))}}, "where.n.$in"),
         ({"a..b": 1}, "where.a..b"),
         ({"$and": [{"n": 1}] * 70}, "where.$and"),
+        ({"$has_text": "yes"}, "where.$has_text"),
+        ({"$not": {"$has_text": None}}, "where.$not.$has_text"),
     ],
 )
 def test_bad_where_filters_name_their_path(where: dict[str, object], path: str) -> None:

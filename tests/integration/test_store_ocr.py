@@ -107,6 +107,8 @@ def test_results_name_the_matched_lines_and_boxes(location: str) -> None:
         by_key = {h.key: h.text_matches for h in page.hits}
         assert [m["text"] for m in by_key["/p/2.jpg"]] == ["STARBUGKS"]
         assert by_key["/p/5.jpg"] == ()  # found by its vector only
+        near = index.search(unit(5), 8, where=parse_where({"$has_text": True}))
+        assert sorted(h.key for h in near) == ["/p/0.jpg", "/p/1.jpg", "/p/2.jpg"]
 
 
 def test_readings_follow_their_items(location: str) -> None:

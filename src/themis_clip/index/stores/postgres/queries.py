@@ -54,17 +54,16 @@ _LEXICAL_SQL = (
     "WHERE lexical @@ q{where} ORDER BY ts_rank_cd(lexical, q) DESC, id LIMIT %s"
 )
 #: Ids of the items whose OCR trigrams hold the query words' (bound: the trigrams, one
-#: ``strpos`` word per check, where, limit), best first by how little text there is around the
-#: words, ties by id; the trigram test lets the GIN index find candidates, ``strpos`` decides.
+#: ``strpos`` word per check, where, limit; ``{where}``: empty or `` AND id IN (...)``), best
+#: first by how little text there is around the words, ties by id; the trigram test lets the
+#: GIN index find candidates, ``strpos`` decides.
 _OCR_SQL = (
-    "SELECT id FROM themis_ocr WHERE grams @> %s::text[]{checks} "
-    "AND id IN (SELECT id FROM themis_items WHERE TRUE{where}) "
+    "SELECT id FROM themis_ocr WHERE grams @> %s::text[]{checks}{where} "
     "ORDER BY length(text), id LIMIT %s"
 )
 #: Items sharing a trigram with the query (a tolerant match's candidates), most shared first.
 _OCR_CANDIDATES_SQL = (
-    "SELECT id, text FROM themis_ocr WHERE grams && %s::text[] "
-    "AND id IN (SELECT id FROM themis_items WHERE TRUE{where}) "
+    "SELECT id, text FROM themis_ocr WHERE grams && %s::text[]{where} "
     "ORDER BY cardinality(ARRAY(SELECT unnest(grams) INTERSECT SELECT unnest(%s::text[]))) "
     "DESC, id LIMIT %s"
 )
@@ -116,14 +115,16 @@ def ocr_lexical(db: Any, text: str, limit: int, where: Where | None) -> list[int
         return []
     grams = sorted({g for w in words if len(w) >= 3 for g in trigrams(w, padded=False)})
     checks = " AND strpos(lower(text), %s) > 0" * len(words)
+    # A filter reads the items (their metadata); no filter, no join.
     clause, params = compile_postgres(where) if where is not None else ("", [])
-    sql = _OCR_SQL.format(checks=checks, where=f" AND {clause}" if clause else "")
+    within = f" AND id IN (SELECT id FROM themis_items WHERE {clause})" if clause else ""  # noqa: S608
+    sql = _OCR_SQL.format(checks=checks, where=within)
     found = [int(r[0]) for r in db.execute(sql, [grams, *words, *params, int(limit)])]
     tolerant = [w for w in words if len(w) >= TOLERANT_MIN_CHARS]
     if len(found) >= limit or not tolerant:
         return found
     padded = sorted({g for w in tolerant for g in trigrams(w)})
-    sql = _OCR_CANDIDATES_SQL.format(where=f" AND {clause}" if clause else "")
+    sql = _OCR_CANDIDATES_SQL.format(where=within)
     rows = db.execute(sql, [padded, *params, padded, _TOLERANT_CANDIDATES]).fetchall()
     seen = set(found)
     scored = [(ocr_score(words, t), int(i)) for i, t in rows if int(i) not in seen]
