@@ -123,9 +123,11 @@ def ocr_lexical(db: Any, text: str, limit: int, where: Where | None) -> list[int
     tolerant = [w for w in words if len(w) >= TOLERANT_MIN_CHARS]
     if len(found) >= limit or not tolerant:
         return found
-    padded = sorted({g for w in tolerant for g in trigrams(w)})
+    # Candidates share a trigram inside a word (as on SQLite): the padded ones at the words'
+    # ends would bring every item whose text has a word starting with the same letter.
+    inner = sorted({g for w in tolerant for g in trigrams(w, padded=False)})
     sql = _OCR_CANDIDATES_SQL.format(where=within)
-    rows = db.execute(sql, [padded, *params, padded, _TOLERANT_CANDIDATES]).fetchall()
+    rows = db.execute(sql, [inner, *params, inner, _TOLERANT_CANDIDATES]).fetchall()
     seen = set(found)
     scored = [(ocr_score(words, t), int(i)) for i, t in rows if int(i) not in seen]
     close = sorted((-score, i) for score, i in scored if score > 0)
