@@ -323,13 +323,15 @@ class PgStore:
             self._set_dimension(db, dim)
             written = self._writing
             with db.cursor() as cur:
-                # Other content: the text read in the old one is gone (none read: no rows).
-                cur.execute(
-                    "DELETE FROM themis_ocr o USING themis_items i, "
-                    "unnest(%s::text[], %s::text[]) AS n(key, sha) WHERE o.id = i.id "
-                    "AND i.key = n.key AND (n.sha IS NULL OR i.sha256 IS DISTINCT FROM n.sha)",
-                    ([r.key for r in rows], [r.sha256 for r in rows]),
-                )
+                # Other content: the text read in the old one is gone (asked only of an index
+                # that has readings: one without OCR does no work for it).
+                if cur.execute("SELECT 1 FROM themis_ocr LIMIT 1").fetchone() is not None:
+                    cur.execute(
+                        "DELETE FROM themis_ocr o USING themis_items i, "
+                        "unnest(%s::text[], %s::text[]) AS n(key, sha) WHERE o.id = i.id AND "
+                        "i.key = n.key AND (n.sha IS NULL OR i.sha256 IS DISTINCT FROM n.sha)",
+                        ([r.key for r in rows], [r.sha256 for r in rows]),
+                    )
                 cur.executemany(
                     """INSERT INTO themis_items(key, path, size, mtime_ns, sha256, metadata, doc,
                                                 thumbnail, embedding, written)

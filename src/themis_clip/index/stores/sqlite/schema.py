@@ -11,7 +11,7 @@ from typing import Any
 from themis_clip.index.metadata import comparable, decode_stored, repair
 from themis_clip.index.wheresql import sqlite_instant, sqlite_number, sqlite_text
 
-__all__ = ["ADD_FIELDS", "MIGRATIONS", "SCHEMA_VERSION", "fields_of"]
+__all__ = ["ADD_FIELDS", "MIGRATIONS", "SCHEMA_VERSION", "STALE_OCR", "fields_of"]
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,9 @@ _WHERE_INDEXES: list[str | Callable[[sqlite3.Connection], None]] = [
 ]
 
 #: v7: the text read in pictures (OCR), one row per item that was read (``text`` empty: none
-#: found), substring-searchable through an FTS5 trigram index kept by triggers. An item
-#: rewritten with other content loses its reading; a deleted one, its row. An index never read
-#: has no rows and its triggers find nothing to do.
+#: found), substring-searchable through an FTS5 trigram index kept by triggers. A deleted item
+#: loses its row (a trigger); one rewritten with other content, its reading (:data:`STALE_OCR`).
+#: An index never read has no rows.
 _OCR_DDL: list[str | Callable[[sqlite3.Connection], None]] = [
     "CREATE TABLE IF NOT EXISTS ocr (id INTEGER PRIMARY KEY, text TEXT NOT NULL, "
     "lines TEXT NOT NULL)",
@@ -126,10 +126,13 @@ _OCR_DDL: list[str | Callable[[sqlite3.Connection], None]] = [
     "INSERT INTO ocr_lexical(rowid, text) VALUES (new.id, new.text); END",
     "CREATE TRIGGER IF NOT EXISTS items_ocr_delete AFTER DELETE ON items BEGIN "
     "DELETE FROM ocr WHERE id = old.id; END",
-    "CREATE TRIGGER IF NOT EXISTS items_ocr_rewrite AFTER UPDATE OF vector, sha256 ON items "
-    "WHEN new.sha256 IS NULL OR old.sha256 IS NOT new.sha256 BEGIN "
-    "DELETE FROM ocr WHERE id = new.id; END",
 ]
+#: The readings an upsert of other content makes stale (bound: key, new sha256 twice); run by
+#: the store only when some item has a reading, so an index without OCR does no work per row.
+STALE_OCR = (
+    "DELETE FROM ocr WHERE id = (SELECT id FROM items WHERE key = ? "
+    "AND (? IS NULL OR sha256 IS NOT ?))"
+)
 
 MIGRATIONS: dict[int, list[str | Callable[[sqlite3.Connection], None]]] = {
     1: [

@@ -70,6 +70,7 @@ from themis_clip.index.stores.sqlite.schema import (
     ADD_FIELDS,
     MIGRATIONS,
     SCHEMA_VERSION,
+    STALE_OCR,
     fields_of,
 )
 from themis_clip.index.where import Where
@@ -308,6 +309,8 @@ class SQLiteStore:
             )
         with self.transaction() as db:
             written = self.write_version + 1  # the version this transaction commits as
+            if db.execute("SELECT 1 FROM ocr LIMIT 1").fetchone() is not None:
+                db.executemany(STALE_OCR, [(r.key, r.sha256, r.sha256) for r in rows])
             db.executemany(
                 """INSERT INTO items(key, path, size, mtime_ns, sha256, metadata, vector, thumbnail,
                                      written)
