@@ -1,6 +1,6 @@
 """Finding photos by the text in them, end to end with the real PP-OCRv4 models: a folder of
-generated scenes (a STARBUCKS sign, the same sign turned a quarter, a museum sign, text-free
-landscapes) indexed with OCR on both stores, searched by substring in lexical and hybrid mode
+generated scenes (a STARBUCKS sign, the same sign turned a quarter and upside down, a museum
+sign, text-free landscapes) indexed with OCR on both stores, searched by substring in lexical and hybrid mode
 through the library, the CLI and a real server; OCR added to an index built without it reads
 text only."""
 
@@ -48,6 +48,9 @@ def gallery(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_scene(
         folder / "turned.jpg", kind="sign", font=FONTS[1], seed=5, word="STARBUCKS", rotation=90
     )
+    make_scene(
+        folder / "flipped.jpg", kind="sign", font=FONTS[1], seed=5, word="STARBUCKS", rotation=180
+    )
     make_scene(folder / "m.jpg", kind="sign", font=FONTS[-1], seed=7, word="MUSEUM")
     make_scene(folder / "hills.jpg", kind="landscape", font=FONTS[0], seed=11)
     make_scene(folder / "lake.jpg", kind="landscape", font=FONTS[0], seed=12)
@@ -74,22 +77,23 @@ def test_index_with_ocr_then_search_by_substring(
     gallery = folder
     with Collection.open(location, config()) as photos:
         plain = photos.index_folder(gallery)  # no OCR: nothing read, nothing found
-        assert plain.added == 5 and plain.read == 0
+        assert plain.added == 6 and plain.read == 0
         assert list(lexical(photos.index, "bucks")) == []
         before = {
             k: photos.index.store.vector(k) for k in photos.index.store.items_under(str(gallery))
         }
         # OCR added to the existing index: text read, nothing embedded again.
         report = photos.index_folder(gallery, ocr=True)
-        assert report.embedded == 0 and report.unchanged == 5
-        assert report.read == 5 and report.with_text == 3 and report.unread == []
+        assert report.embedded == 0 and report.unchanged == 6
+        assert report.read == 6 and report.with_text == 4 and report.unread == []
         for key, vector in before.items():
             assert np.array_equal(photos.index.store.vector(key), vector)
         again = photos.index_folder(gallery, ocr=True)
         assert again.read == 0  # every item has its reading
 
         found = lexical(photos.index, "bucks", k=5)
-        assert sorted(names(found)) == ["cafe.jpg", "turned.jpg"]  # turned text is found too
+        turned = ["cafe.jpg", "flipped.jpg", "turned.jpg"]
+        assert sorted(names(found)) == turned  # turned text is found too
         for hit in found:
             (match,) = hit.text_matches
             assert match["text"].upper() == "STARBUCKS" and len(match["box"]) == 4
@@ -97,13 +101,16 @@ def test_index_with_ocr_then_search_by_substring(
             ys = [y for _, y in match["box"]]
             tall = max(ys) - min(ys) > max(xs) - min(xs)
             assert tall == (Path(hit.key).name == "turned.jpg")  # the box is where it stands
+        (upside_down,) = (h for h in found if h.key.endswith("flipped.jpg"))
+        (tl, _, br, _) = upside_down.text_matches[0]["box"]
+        assert tl[0] > br[0] and tl[1] > br[1]  # read from its top-left: the picture's bottom-right
         assert names(lexical(photos.index, "museum")) == ["m.jpg"]
         assert names(lexical(photos.index, "starbuks")) != []  # a misspelling, tolerated
-        hybrid = photos.search("bucks", k=5, hybrid=True)
-        assert sorted(names(hybrid.hits[:2])) == ["cafe.jpg", "turned.jpg"]
-        assert all(h.text_matches for h in hybrid.hits[:2])
+        hybrid = photos.search("bucks", k=6, hybrid=True)
+        assert sorted(names(hybrid.hits[:3])) == turned
+        assert all(h.text_matches for h in hybrid.hits[:3])
         with_text = photos.browse(k=10, where=parse_where({"$has_text": True}))
-        assert sorted(names(with_text)) == ["cafe.jpg", "m.jpg", "turned.jpg"]
+        assert sorted(names(with_text)) == ["cafe.jpg", "flipped.jpg", "m.jpg", "turned.jpg"]
         none = photos.browse(k=10, where=parse_where({"$has_text": False}))
         assert sorted(names(none)) == ["hills.jpg", "lake.jpg"]
         # A changed file loses its old reading and is read again.
@@ -121,10 +128,10 @@ def test_cli_index_ocr_and_lexical_search(
     model = ["--model", str(demo_model_path()), "--backend", "cpu"]
     assert main(["index", str(gallery), "--index", index, "--ocr", *model]) == 0
     out = capsys.readouterr().out
-    assert "text read in 5 picture(s), found in 3" in out
+    assert "text read in 6 picture(s), found in 4" in out
     assert main(["search", "BUCKS", "--mode", "lexical", "--index", index, "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)
-    assert sorted(Path(h["key"]).name for h in hits) == ["cafe.jpg", "turned.jpg"]
+    assert sorted(Path(h["key"]).name for h in hits) == ["cafe.jpg", "flipped.jpg", "turned.jpg"]
     assert all(h["text_matches"][0]["text"] == "STARBUCKS" for h in hits)
     where = ["--where", '{"$has_text": true}']
     assert main(["search", "museum", "--mode", "lexical", "--index", index, *where]) == 0
