@@ -399,7 +399,8 @@ function render(data, from) {
       ' · the rest scored like unrelated words (' + data.cut.reason + ')', '');
   } else if (state.hybrid) {
     setStatus(n + (n === 1 ? ' result' : ' results') + ' for ' + state.label + ', best first · ' +
-      'ranked by what the pictures show and by the words in file names and captions together ' +
+      'ranked by what the pictures show and by the words in file names, captions and the ' +
+      'text in the photos together ' +
       '(the numbers are ranks: #1 matched best, whatever its score)', '');
   } else {
     setStatus(n + (n === 1 ? ' result' : ' results') + ' for ' + state.label + ' · ' +

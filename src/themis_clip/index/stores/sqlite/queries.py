@@ -93,8 +93,8 @@ def _phrase(word: str) -> str:
 def ocr_lexical(db: sqlite3.Connection, text: str, limit: int, where: Where | None) -> list[int]:
     """Ids of the items matching ``where`` whose OCR text holds every word of ``text`` as a
     substring (best first by BM25 over trigrams), then, when fewer than ``limit``, those
-    that hold them tolerantly (best similarity first). An index without OCR rows answers
-    from an empty table."""
+    that hold them tolerantly (best similarity first). An index without readings answers
+    after one probe."""
     words = ocr_words(text)
     if not words:
         return []
