@@ -7,15 +7,19 @@ new model. It is filled in committed chunks, so a killed run resumes where it st
 embedding a committed item again. The cut-over renames it over the live file (the old one kept
 as ``photos.db.before-<model>``); :func:`rollback` puts the old one back.
 
-SQLite only for now: a PostgreSQL index is refused with a clear error.
+A :class:`MigrationControl` lets another thread pause, resume or cancel a run between chunks
+and read its progress (the server's ``/admin/migrate``). SQLite only for now: a PostgreSQL
+index is refused with a clear error.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +34,10 @@ from themis_clip.interface import ImageData
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = [
+    "MigrationControl",
+    "MigrationProgress",
     "MigrationReport",
+    "MigrationState",
     "RollbackReport",
     "before_path",
     "migrate_index",
@@ -66,6 +73,7 @@ class MigrationReport:
         removed: items deleted from the shadow because the live index no longer holds them.
         before: where the old index was kept, once cut over; None when not cut over.
         seconds: the run's wall time.
+        cancelled: the run stopped at a :meth:`MigrationControl.cancel` (shadow kept as is).
     """
 
     model_id: str
@@ -77,6 +85,7 @@ class MigrationReport:
     removed: int
     before: Path | None
     seconds: float
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +104,148 @@ class RollbackReport:
     model_id: str
     shadow: Path
     written_since: int
+
+
+class MigrationState(enum.StrEnum):
+    """Where a migration run stands (what ``GET /admin/migrate`` shows)."""
+
+    RUNNING = "running"
+    #: asked to pause: the chunk in flight is being committed
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    #: the shadow has caught up; it waits for the cut-over command
+    READY = "ready"
+    CUTTING_OVER = "cutting-over"
+    #: cut over: the new model and index are live
+    DONE = "done"
+    #: some items cannot be re-embedded: not cut over until they are back or dropped
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled-back"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationProgress:
+    """A migration's progress at one moment.
+
+    Attributes:
+        model_id: the model the index moves to.
+        state: see :class:`MigrationState`.
+        done: live items the shadow holds up to date; ``total``: items in the live index.
+        embedded: items embedded by this run (a resumed run skips what was committed).
+        items_per_s: this run's embedding rate, paused time left out (0 before a chunk ends).
+        eta_s: seconds left at that rate (None while unknown).
+        from_previews: items re-embedded from their stored preview.
+        missing: ``(key, reason)`` of items that cannot be re-embedded.
+        error: why the run failed or was not cut over (None otherwise).
+    """
+
+    model_id: str
+    state: MigrationState
+    done: int
+    total: int
+    embedded: int
+    items_per_s: float
+    eta_s: float | None
+    from_previews: int
+    missing: tuple[tuple[str, str], ...]
+    error: str | None
+
+
+class MigrationControl:
+    """Pause, resume or cancel a running :func:`migrate_index` from another thread, and read
+    its progress; the run checks it after each committed chunk (what a pause waits for)."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self._cond = threading.Condition()
+        self._state = MigrationState.RUNNING
+        self._paused = False
+        self._cancelled = False
+        self._done = self._total = self._embedded = self._from_previews = 0
+        self._missing: tuple[tuple[str, str], ...] = ()
+        self._error: str | None = None
+        self._active_s = 0.0  # embedding time of this run, pauses left out
+        self._since: float | None = None  # when the current stretch of embedding began
+
+    def pause(self) -> None:
+        with self._cond:
+            if self._state is MigrationState.RUNNING:
+                self._paused = True
+                self._set(MigrationState.PAUSING)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            if self._state in (MigrationState.PAUSING, MigrationState.PAUSED):
+                self._set(MigrationState.RUNNING)
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def state(self) -> MigrationState:
+        return self._state
+
+    def set_state(self, state: MigrationState, error: str | None = None) -> None:
+        with self._cond:
+            self._set(state)
+            self._error = error
+
+    def finish(self, report: MigrationReport, state: MigrationState, error: str | None) -> None:
+        """Record a run's report and where it leaves the migration."""
+        with self._cond:
+            self._done = report.total - len(report.missing)
+            self._total = report.total
+            self._from_previews = len(report.from_previews)
+            self._missing = report.missing
+            self._set(state)
+            self._error = error
+
+    def checkpoint(self, done: int, total: int, embedded: int) -> bool:
+        """Record progress; wait while paused. Returns False once cancelled."""
+        with self._cond:
+            self._done, self._total, self._embedded = done, total, embedded
+            now = time.monotonic()
+            if self._since is not None:
+                self._active_s += now - self._since
+            self._since = None
+            while self._paused and not self._cancelled:
+                self._set(MigrationState.PAUSED)
+                self._cond.wait()
+            self._since = time.monotonic()
+            return not self._cancelled
+
+    def snapshot(self) -> MigrationProgress:
+        with self._cond:
+            rate = self._embedded / self._active_s if self._active_s > 0 else 0.0
+            left = self._total - self._done
+            return MigrationProgress(
+                model_id=self.model_id,
+                state=self._state,
+                done=self._done,
+                total=self._total,
+                embedded=self._embedded,
+                items_per_s=rate,
+                eta_s=left / rate if rate > 0 else (0.0 if left <= 0 and self._total else None),
+                from_previews=self._from_previews,
+                missing=self._missing,
+                error=self._error,
+            )
+
+    def _set(self, state: MigrationState) -> None:
+        self._state = state
+        if state is MigrationState.RUNNING and self._since is None:
+            self._since = time.monotonic()
 
 
 def _slug(identity_id: str) -> str:
@@ -121,6 +272,8 @@ def migrate_index(
     progress: Callable[[int, int], None] | None = None,
     cut_over: bool = True,
     drop_missing: bool = False,
+    control: MigrationControl | None = None,
+    settle: int = 0,
 ) -> MigrationReport:
     """Build (or resume) the shadow of ``index`` for the model ``identity``, then cut over.
 
@@ -133,6 +286,10 @@ def migrate_index(
         cut_over: replace the live index once the shadow is complete.
         drop_missing: cut over even when some items could not be re-embedded (the old index,
             kept for rollback, still holds them).
+        control: checked after each chunk (pause, cancel) and fed the progress.
+        settle: stop the catch-up passes once at most this many items are left to redo (a
+            server redoes them with writes held, just before it cuts over); only with
+            ``cut_over`` False.
 
     Returns:
         What was done; ``before`` is None when there was no cut-over (``missing`` says why,
@@ -153,13 +310,15 @@ def migrate_index(
             if target.stamp is None:  # a new shadow: changes from now on are caught up
                 target.bind_model(identity)
                 target.store.set_meta({_SINCE: live.write_version, _FROM: old_id})
-            pass_report = _fill(live, target.store, embedder, identity, chunk, progress)
+            pass_report = _fill(
+                live, target.store, embedder, identity, chunk, progress, control, settle
+            )
         total = live.count()
     finally:
         live.close()
     missing = tuple(sorted(pass_report.missing.items()))
     before = None
-    if cut_over and (drop_missing or not missing):
+    if cut_over and not pass_report.cancelled and (drop_missing or not missing):
         before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
         log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
     return MigrationReport(
@@ -172,6 +331,7 @@ def migrate_index(
         removed=pass_report.removed,
         before=before,
         seconds=time.monotonic() - started,
+        cancelled=pass_report.cancelled,
     )
 
 
@@ -238,6 +398,7 @@ class _Passes:
     from_previews: set[str]
     missing: dict[str, str]
     synced: int = 0
+    cancelled: bool = False
 
 
 def _fill(
@@ -247,10 +408,12 @@ def _fill(
     identity: ModelIdentity,
     chunk: int,
     progress: Callable[[int, int], None] | None,
+    control: MigrationControl | None = None,
+    settle: int = 0,
 ) -> _Passes:
-    """Passes over the live index until one finds nothing to do: each embeds the items the
-    shadow lacks or the live index wrote since the last complete pass, and deletes from the
-    shadow what the live index no longer holds."""
+    """Passes over the live index until one finds nothing to do (at most ``settle`` items):
+    each embeds the items the shadow lacks or the live index wrote since the last complete
+    pass, and deletes from the shadow what the live index no longer holds."""
     done = _Passes(from_previews=set(), missing={})
     live_dim = int(live.meta()["dim"])
     while True:
@@ -270,13 +433,20 @@ def _fill(
         if not todo and not gone:
             done.synced = began
             return done
+        if settle and len(todo) + len(gone) <= settle:
+            done.synced = -1  # not in sync: the caller catches up the rest
+            return done
         done.removed += shadow.delete_keys(gone)
         before = done.embedded
         for start in range(0, len(todo), chunk):
             part = todo[start : start + chunk]
             _embed_part(live, shadow, embedder, identity, part, done)
+            now_done = len(wanted) - len(todo) + start + len(part)
             if progress is not None:
-                progress(len(wanted) - len(todo) + start + len(part), len(wanted))
+                progress(now_done, len(wanted))
+            if control is not None and not control.checkpoint(now_done, len(wanted), done.embedded):
+                done.cancelled, done.synced = True, -1
+                return done
         if done.embedded == before and not gone:  # nothing could be done: never spin
             done.synced = began
             return done

@@ -29,10 +29,10 @@ from themis_clip.server.schemas import (
     SearchResults,
     answer,
 )
-from themis_clip.server.state import AppState, StateDep
+from themis_clip.server.state import INDEX_HELD, AppState, StateDep
 
-router = APIRouter(dependencies=[SEARCH], tags=["index"])
-writes = APIRouter(dependencies=[WRITE], tags=["index"])  # ingest needs no search
+router = APIRouter(dependencies=[SEARCH, INDEX_HELD], tags=["index"])
+writes = APIRouter(dependencies=[WRITE, INDEX_HELD], tags=["index"])  # ingest needs no search
 
 
 @writes.post("/index/items", openapi_extra=documented(IndexItemsRequest), **answer(ItemsAdded))
