@@ -53,8 +53,6 @@ _SINCE = "migration_since"
 _FROM = "migration_from"
 #: The shadow's own write version at its cut-over (what is written after it, a rollback loses).
 _CUT_AT = "migration_cut_at"
-#: Items read from a store per query.
-_READ = 2_000
 #: Files an index consists of beside its database that belong to one model's vectors.
 _SIDE_FILES = (GRAPH_SUFFIX, VECTORS_SUFFIX)
 
@@ -419,29 +417,36 @@ def _fill(
     while True:
         began = live.write_version
         since = int(shadow.meta()[_SINCE])
-        items = _all_items(live)
-        have = {item.key for item in _all_items(shadow).values()}
+        keys = live.keys_by_id()
+        have = set(shadow.keys_by_id().values())
         written = live.changes_since(since, live_dim)[0].tolist()
-        changed = {items[i].key for i in written if i in items}
-        wanted = {item.key: item for item in items.values()}
+        changed = {keys[i] for i in written if i in keys}
+        wanted = {key: i for i, key in keys.items()}
         gone = have - wanted.keys()
-        todo = [
-            item
-            for key, item in sorted(wanted.items())
+        todo_keys = [
+            key
+            for key in sorted(wanted)
             if (key not in have or key in changed) and key not in done.missing
         ]
-        if not todo and not gone:
+        if not todo_keys and not gone:
             done.synced = began
             return done
-        if settle and len(todo) + len(gone) <= settle:
+        if settle and len(todo_keys) + len(gone) <= settle:
             done.synced = -1  # not in sync: the caller catches up the rest
             return done
         done.removed += shadow.delete_keys(gone)
         before = done.embedded
-        for start in range(0, len(todo), chunk):
-            part = todo[start : start + chunk]
+        for start in range(0, len(todo_keys), chunk):
+            keys_part = todo_keys[start : start + chunk]
+            found = live.items_by_id([wanted[key] for key in keys_part])
+            # an item deleted (or its id reused) since the keys were read: the next pass
+            part = [
+                found[wanted[key]]
+                for key in keys_part
+                if wanted[key] in found and found[wanted[key]].key == key
+            ]
             _embed_part(live, shadow, embedder, identity, part, done)
-            now_done = len(wanted) - len(todo) + start + len(part)
+            now_done = len(wanted) - len(todo_keys) + start + len(keys_part)
             if progress is not None:
                 progress(now_done, len(wanted))
             if control is not None and not control.checkpoint(now_done, len(wanted), done.embedded):
@@ -495,15 +500,6 @@ def _embed_part(
         )
     shadow.upsert(rows, dim=identity.dim)  # one transaction: a kill loses this part only
     done.embedded += len(rows)
-
-
-def _all_items(store: Store) -> dict[int, StoredItem]:
-    """Every item of ``store`` by id (read in slices)."""
-    ids = [row[0] for row in store.timeline(None)]
-    items: dict[int, StoredItem] = {}
-    for start in range(0, len(ids), _READ):
-        items.update(store.items_by_id(ids[start : start + _READ]))
-    return items
 
 
 # -- files -------------------------------------------------------------------------------------
