@@ -2,11 +2,13 @@
 moves the index to another model, against steady state, in one run on one server.
 
 A ``themis-clip serve`` process serves the demo model over an index of demo scenes; client
-threads send text searches (k=10) throughout. The steady window ends when the migration (to the
-demo model's int8 variant: another identity, so every vector is re-embedded) is posted; the
-migration window runs from there to its cut-over. Prints both windows and the ratios.
+threads send text searches (k=10) throughout. A steady window, then a migration with the
+default share of the cores (to the demo model's int8 variant: another identity, so every
+vector is re-embedded) from its POST to its cut-over, a second steady window, and a migration
+with ``--cores`` (to the int8-dynamic variant). Prints each window and the ratios to the
+steady windows.
 
-Run: .venv/bin/python bench/bench_migration.py [--items 3000] [--clients 2] [--steady-s 10]
+Run: .venv/bin/python bench/bench_migration.py [--items 2000] [--clients 2] [--cores 0.5]
 """
 
 from __future__ import annotations
@@ -74,10 +76,10 @@ def window(events: list[tuple[float, float, bool]], start: float, end: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--items", type=int, default=3000)
+    parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=2)
-    parser.add_argument("--steady-s", type=float, default=10.0)
-    parser.add_argument("--threads", type=int, help="cores the migration uses (its default)")
+    parser.add_argument("--steady-s", type=float, default=8.0)
+    parser.add_argument("--cores", type=float, default=0.5, help="the second migration's share")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     try:
@@ -103,40 +105,56 @@ def main() -> None:
                     events.append((t0, time.perf_counter() - t0, r.status_code == 200))
 
         threads = [threading.Thread(target=client, args=(k,)) for k in range(args.clients)]
+        marks: list[float] = []
+
+        def migrate(c: httpx.Client, body: dict[str, object]) -> None:
+            marks.append(time.perf_counter())
+            r = c.post("/admin/migrate", json=body, headers=ADMIN)
+            assert r.status_code == 202, r.text
+            while (status := c.get("/admin/migrate", headers=ADMIN).json())["state"] != "done":
+                assert status["state"] not in ("failed", "blocked"), status
+                time.sleep(0.2)
+            marks.append(time.perf_counter())
+
         try:
             for t in threads:
                 t.start()
             time.sleep(1.0)  # warm: the first searches pay for loading and caching
-            steady_start = time.perf_counter()
-            time.sleep(args.steady_s)
-            body: dict[str, object] = {"path": "demo", "variant": "int8"}
-            if args.threads:
-                body["threads"] = args.threads
             with httpx.Client(base_url=base, timeout=60) as c:
-                migration_start = time.perf_counter()
-                r = c.post("/admin/migrate", json=body, headers=ADMIN)
-                assert r.status_code == 202, r.text
-                while (status := c.get("/admin/migrate", headers=ADMIN).json())["state"] != "done":
-                    assert status["state"] not in ("failed", "blocked"), status
-                    time.sleep(0.2)
-                migration_end = time.perf_counter()
+                marks.append(time.perf_counter())
+                time.sleep(args.steady_s)
+                migrate(c, {"path": "demo", "variant": "int8"})
+                time.sleep(args.steady_s)
+                migrate(c, {"path": "demo", "variant": "int8-dynamic", "cores": args.cores})
         finally:
             stop.set()
             for t in threads:
                 t.join()
             proc.terminate()
             proc.wait(30)
-        steady = window(events, steady_start, migration_start)
-        during = window(events, migration_start, migration_end)
+        t0, a0, a1, b0, b1 = marks
+        steady = window(events, t0, a0)
+        steady2 = window(events, a1, b0)
+        default = window(events, a0, a1)
+        share = window(events, b0, b1)
         out = {
             "items": args.items,
             "clients": args.clients,
             "cpus": os.cpu_count(),
-            "migration_items_per_s": round(args.items / (migration_end - migration_start), 1),
             "steady": steady,
-            "migrating": during,
-            "throughput_ratio": round(during["throughput_rps"] / steady["throughput_rps"], 2),
-            "p99_ratio": round(during["p99_ms"] / steady["p99_ms"], 2),
+            "migrating (default share)": default,
+            "steady after": steady2,
+            f"migrating (cores {args.cores})": share,
+            "default: items/s, throughput and p99 ratios": [
+                round(args.items / (a1 - a0), 1),
+                round(default["throughput_rps"] / steady["throughput_rps"], 2),
+                round(default["p99_ms"] / steady["p99_ms"], 2),
+            ],
+            f"cores {args.cores}: items/s, throughput and p99 ratios": [
+                round(args.items / (b1 - b0), 1),
+                round(share["throughput_rps"] / steady2["throughput_rps"], 2),
+                round(share["p99_ms"] / steady2["p99_ms"], 2),
+            ],
         }
         print(json.dumps(out, indent=2))
     finally:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from themis_clip.errors import InputError, SearchIndexError
+from themis_clip.errors import ConfigError, InputError, SearchIndexError
 from themis_clip.index.indexer import ImageEmbedder
 from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
 from themis_clip.index.stores import ItemRow, Store, StoredItem, is_url, open_store
@@ -132,7 +132,7 @@ class MigrationProgress:
         state: see :class:`MigrationState`.
         done: live items the shadow holds up to date; ``total``: items in the live index.
         embedded: items embedded by this run (a resumed run skips what was committed).
-        items_per_s: this run's embedding rate, paused time left out (0 before a chunk ends).
+        items_per_s: this run's rate, paused time left out (0 before a chunk ends).
         eta_s: seconds left at that rate (None while unknown).
         from_previews: items re-embedded from their stored preview.
         missing: ``(key, reason)`` of items that cannot be re-embedded.
@@ -153,10 +153,18 @@ class MigrationProgress:
 
 class MigrationControl:
     """Pause, resume or cancel a running :func:`migrate_index` from another thread, and read
-    its progress; the run checks it after each committed chunk (what a pause waits for)."""
+    its progress; the run checks it after each committed chunk (what a pause waits for).
 
-    def __init__(self, model_id: str) -> None:
+    ``duty`` (0 < duty <= 1) is the share of time the run embeds: after a chunk that took
+    ``t`` seconds it rests ``t * (1 - duty) / duty``, so a single thread can use less than a
+    core (a pause or cancel ends the rest at once).
+    """
+
+    def __init__(self, model_id: str, *, duty: float = 1.0) -> None:
+        if not 0 < duty <= 1:
+            raise ConfigError(f"duty must be in (0, 1], got {duty}")
         self.model_id = model_id
+        self.duty = duty
         self._cond = threading.Condition()
         self._state = MigrationState.RUNNING
         self._paused = False
@@ -215,7 +223,11 @@ class MigrationControl:
             self._done, self._total, self._embedded = done, total, embedded
             now = time.monotonic()
             if self._since is not None:
-                self._active_s += now - self._since
+                stretch = now - self._since
+                rest_until = now + stretch * (1 - self.duty) / self.duty
+                while not (self._paused or self._cancelled) and time.monotonic() < rest_until:
+                    self._cond.wait(rest_until - time.monotonic())
+                self._active_s += time.monotonic() - self._since  # rests count: the ETA's
             self._since = None
             while self._paused and not self._cancelled:
                 self._set(MigrationState.PAUSED)

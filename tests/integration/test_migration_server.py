@@ -191,7 +191,7 @@ def test_a_migration_under_load_loses_nothing_and_answers_from_one_model_and_its
     with _serve(models, index) as server, httpx.Client(base_url=server.base, timeout=60) as c:
         assert c.get("/admin/migrate", headers=ADMIN).json() == {"state": "idle"}
         with _Load(server.base) as load:
-            r = c.post("/admin/migrate", json={"path": "b", "threads": 1}, headers=ADMIN)
+            r = c.post("/admin/migrate", json={"path": "b", "cores": 1}, headers=ADMIN)
             assert r.status_code == 202, r.text
             assert r.json()["state"] == "running" and r.json()["model_id"] == b_id
             again = c.post("/admin/migrate", json={"path": "b"}, headers=ADMIN)
@@ -289,7 +289,7 @@ def test_a_server_killed_mid_migration_resumes_it_after_a_restart(
     server = _serve(models, index)
     try:
         with httpx.Client(base_url=server.base, timeout=60) as c:
-            body = {"path": "b", "threads": 1, "cut_over": "command"}
+            body = {"path": "b", "cores": 1, "cut_over": "command"}
             assert c.post("/admin/migrate", json=body, headers=ADMIN).status_code == 202
             deadline = time.monotonic() + 300
             while not (shadow.is_file() and _committed(shadow) >= 300):
@@ -306,7 +306,7 @@ def test_a_server_killed_mid_migration_resumes_it_after_a_restart(
 
     with _serve(models, index) as server, httpx.Client(base_url=server.base, timeout=60) as c:
         assert c.get("/admin/migrate", headers=ADMIN).json() == {"state": "idle"}
-        body = {"path": "b", "threads": 1, "cut_over": "command"}
+        body = {"path": "b", "cores": 1, "cut_over": "command"}
         assert c.post("/admin/migrate", json=body, headers=ADMIN).status_code == 202
         ready = _wait(c, ("ready",))
         # nothing committed before the kill is embedded again (a chunk may be left for the
@@ -328,12 +328,12 @@ def test_migrate_refuses_what_it_cannot_do(models: Path, index: Path) -> None:
         assert r.status_code == 422 and "already" in r.text
         r = c.post("/admin/migrate", json={"path": "../elsewhere"}, headers=ADMIN)
         assert r.status_code == 403
-        r = c.post("/admin/migrate", json={"path": "b", "threads": 0}, headers=ADMIN)
+        r = c.post("/admin/migrate", json={"path": "b", "cores": 0}, headers=ADMIN)
         assert r.status_code == 422
         assert c.post("/admin/migrate/pause", headers=ADMIN).status_code == 404
         assert c.post("/admin/migrate", json={"path": "b"}).status_code == 401
 
-        body = {"path": "b", "threads": 1, "cut_over": "command"}
+        body = {"path": "b", "cores": 1, "cut_over": "command"}
         assert c.post("/admin/migrate", json=body, headers=ADMIN).status_code == 202
         assert c.post("/admin/migrate/rollback", headers=ADMIN).status_code == 409
         cancelled = c.post("/admin/migrate/cancel", headers=ADMIN)

@@ -191,11 +191,12 @@ class MigrateRequest(_Strict):
         default=None, max_length=300, description="instead of path: a cached catalogue name"
     )
     variant: str | None = None
-    threads: int | None = Field(
+    cores: float | None = Field(
         default=None,
-        ge=1,
+        gt=0,
         le=1024,
-        description="cores the new model uses while it migrates (default: half of them)",
+        description="the share of the cores the migration uses: 0.5 is one thread working "
+        "half the time, 3 is three threads (default: a quarter of the cores, at least 0.5)",
     )
     cut_over: Literal["auto", "command"] = Field(
         default="auto",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -72,14 +73,7 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
     """Start (or, after a restart, resume) moving the index to the model in the body."""
     body = await read_model(request, MigrateRequest)
     idx = state.require_index()
-    job = state.migration
-    if job is not None and job.control.state in _BUSY:
-        raise APIError(
-            409,
-            "MigrationRunning",
-            f"a migration to {job.control.model_id} is {job.control.state}: cancel it or "
-            "finish its cut-over first",
-        )
+    _refuse_if_busy(state)
     if idx.store.kind != "sqlite":
         raise APIError(
             422,
@@ -97,7 +91,8 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
         embedding_dim=None,
     )
     config = replace(serving, model=model, allow_embedding_space_change=True)
-    threads = body.threads or max(1, (os.cpu_count() or 2) // 2)
+    cores = body.cores or max(0.5, (os.cpu_count() or 2) / 4)
+    threads = math.ceil(cores)
     migrator = OnnxClipPlugin(lazy_textual=True)
     share = replace(config, intra_op_threads=threads, preprocess_workers=threads)
     if not await asyncio.to_thread(migrator.initialize, share):
@@ -105,15 +100,18 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
     identity = _identity(migrator)
     stamp = idx.stamp
     refused = None
-    if stamp is None:
+    if state.migration is not None and state.migration.control.state in _BUSY:
+        refused = "another migration started meanwhile"  # two POSTs at once: the first wins
+    elif stamp is None:
         refused = "the index holds no items yet: swap the model with /admin/reload instead"
     elif (stamp.sha256, stamp.dim) == (identity.sha256, identity.dim):
         refused = f"the index is made by {identity.model_id} already"
     if refused is not None:
         await asyncio.to_thread(migrator.shutdown)
+        _refuse_if_busy(state)
         raise APIError(422, "ValidationError", refused)
     state.migration = job = MigrationJob(
-        control=MigrationControl(identity.model_id),
+        control=MigrationControl(identity.model_id, duty=cores / threads),
         migrator=migrator,
         config=config,
         previous=serving,
@@ -122,7 +120,7 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
         chunk=4 * share.max_batch_size,
     )
     job.task = asyncio.create_task(_run(state, job))
-    log.info("migration to %s started (%d thread(s))", identity.model_id, threads)
+    log.info("migration to %s started (%g of the cores)", identity.model_id, cores)
     return JSONResponse(status_code=202, content=state.migration_status())
 
 
@@ -314,6 +312,17 @@ def _blocked(report: MigrationReport) -> str:
         f"not cut over: {len(report.missing)} item(s) cannot be re-embedded; restore their "
         "files and cut over again, or cut over with drop_missing"
     )
+
+
+def _refuse_if_busy(state: AppState) -> None:
+    job = state.migration
+    if job is not None and job.control.state in _BUSY:
+        raise APIError(
+            409,
+            "MigrationRunning",
+            f"a migration to {job.control.model_id} is {job.control.state}: cancel it or "
+            "finish its cut-over first",
+        )
 
 
 def _job(state: AppState) -> MigrationJob:
