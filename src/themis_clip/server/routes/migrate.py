@@ -15,6 +15,7 @@ import asyncio
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -272,11 +273,12 @@ async def _switch(
     swap, the old index back in place); the gate opens once the new model is active.
     """
     loop = asyncio.get_running_loop()
-    held: list[bool] = []
+    held: list[float] = []
 
     def guard(old: ModelIdentity, new: ModelIdentity) -> None:
+        waited = time.monotonic()
         asyncio.run_coroutine_threadsafe(state.gate.acquire_alone(), loop).result()
-        held.append(True)
+        held[:] = [waited, time.monotonic()]
         move_index()
 
     try:
@@ -286,6 +288,13 @@ async def _switch(
             state.weak_lines.clear()
             state.duplicate_groups.clear()
             state.gate.release_alone()
+            log.info(
+                "switch to %s: %.3f s waiting for requests to answer, then %.3f s with "
+                "requests held",
+                config.model.path,
+                held[1] - held[0],
+                time.monotonic() - held[1],
+            )
     return ok, state.plugin.last_error
 
 
