@@ -173,7 +173,7 @@ class MigrationControl:
         self._missing: tuple[tuple[str, str], ...] = ()
         self._error: str | None = None
         self._active_s = 0.0  # embedding time of this run, pauses left out
-        self._since: float | None = None  # when the current stretch of embedding began
+        self._since: float | None = time.monotonic()  # when this stretch of embedding began
 
     def pause(self) -> None:
         with self._cond:

@@ -9,12 +9,11 @@ import time
 import pytest
 
 from themis_clip.errors import ConfigError
-from themis_clip.migration import MigrationControl, MigrationState
+from themis_clip.migration import MigrationControl
 
 
 def test_a_duty_of_a_quarter_rests_three_times_the_chunk() -> None:
-    control = MigrationControl("m", duty=0.25)
-    control.set_state(MigrationState.RUNNING)
+    control = MigrationControl("m", duty=0.25)  # a run begins as it is made
     time.sleep(0.05)  # the chunk's work
     t0 = time.monotonic()
     assert control.checkpoint(10, 100, 10)
@@ -26,7 +25,6 @@ def test_a_duty_of_a_quarter_rests_three_times_the_chunk() -> None:
 
 def test_a_cancel_ends_a_rest_at_once() -> None:
     control = MigrationControl("m", duty=0.001)
-    control.set_state(MigrationState.RUNNING)
     time.sleep(0.02)  # the chunk's work: a 20 s rest follows
     out: list[bool] = []
     worker = threading.Thread(target=lambda: out.append(control.checkpoint(1, 2, 1)))
