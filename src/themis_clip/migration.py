@@ -7,21 +7,25 @@ new model. It is filled in committed chunks, so a killed run resumes where it st
 embedding a committed item again. The cut-over renames it over the live file (the old one kept
 as ``photos.db.before-<model>``); :func:`rollback` puts the old one back.
 
-SQLite only for now: a PostgreSQL index is refused with a clear error.
+A :class:`MigrationControl` lets another thread pause, resume or cancel a run between chunks
+and read its progress (the server's ``/admin/migrate``). SQLite only for now: a PostgreSQL
+index is refused with a clear error.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from themis_clip.errors import InputError, SearchIndexError
+from themis_clip.errors import ConfigError, InputError, SearchIndexError
 from themis_clip.index.indexer import ImageEmbedder
 from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
 from themis_clip.index.stores import ItemRow, Store, StoredItem, is_url, open_store
@@ -30,7 +34,10 @@ from themis_clip.interface import ImageData
 from themis_clip.vocabulary import ModelIdentity
 
 __all__ = [
+    "MigrationControl",
+    "MigrationProgress",
     "MigrationReport",
+    "MigrationState",
     "RollbackReport",
     "before_path",
     "migrate_index",
@@ -46,8 +53,6 @@ _SINCE = "migration_since"
 _FROM = "migration_from"
 #: The shadow's own write version at its cut-over (what is written after it, a rollback loses).
 _CUT_AT = "migration_cut_at"
-#: Items read from a store per query.
-_READ = 2_000
 #: Files an index consists of beside its database that belong to one model's vectors.
 _SIDE_FILES = (GRAPH_SUFFIX, VECTORS_SUFFIX)
 
@@ -66,6 +71,7 @@ class MigrationReport:
         removed: items deleted from the shadow because the live index no longer holds them.
         before: where the old index was kept, once cut over; None when not cut over.
         seconds: the run's wall time.
+        cancelled: the run stopped at a :meth:`MigrationControl.cancel` (shadow kept as is).
     """
 
     model_id: str
@@ -77,6 +83,7 @@ class MigrationReport:
     removed: int
     before: Path | None
     seconds: float
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +102,160 @@ class RollbackReport:
     model_id: str
     shadow: Path
     written_since: int
+
+
+class MigrationState(enum.StrEnum):
+    """Where a migration run stands (what ``GET /admin/migrate`` shows)."""
+
+    RUNNING = "running"
+    #: asked to pause: the chunk in flight is being committed
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    #: the shadow has caught up; it waits for the cut-over command
+    READY = "ready"
+    CUTTING_OVER = "cutting-over"
+    #: cut over: the new model and index are live
+    DONE = "done"
+    #: some items cannot be re-embedded: not cut over until they are back or dropped
+    BLOCKED = "blocked"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled-back"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationProgress:
+    """A migration's progress at one moment.
+
+    Attributes:
+        model_id: the model the index moves to.
+        state: see :class:`MigrationState`.
+        done: live items the shadow holds up to date; ``total``: items in the live index.
+        embedded: items embedded by this run (a resumed run skips what was committed).
+        items_per_s: this run's rate, paused time left out (0 before a chunk ends).
+        eta_s: seconds left at that rate (None while unknown).
+        from_previews: items re-embedded from their stored preview.
+        missing: ``(key, reason)`` of items that cannot be re-embedded.
+        error: why the run failed or was not cut over (None otherwise).
+    """
+
+    model_id: str
+    state: MigrationState
+    done: int
+    total: int
+    embedded: int
+    items_per_s: float
+    eta_s: float | None
+    from_previews: int
+    missing: tuple[tuple[str, str], ...]
+    error: str | None
+
+
+class MigrationControl:
+    """Pause, resume or cancel a running :func:`migrate_index` from another thread, and read
+    its progress; the run checks it after each committed chunk (what a pause waits for).
+
+    ``duty`` (0 < duty <= 1) is the share of time the run embeds: after a chunk that took
+    ``t`` seconds it rests ``t * (1 - duty) / duty``, so a single thread can use less than a
+    core (a pause or cancel ends the rest at once).
+    """
+
+    def __init__(self, model_id: str, *, duty: float = 1.0) -> None:
+        if not 0 < duty <= 1:
+            raise ConfigError(f"duty must be in (0, 1], got {duty}")
+        self.model_id = model_id
+        self.duty = duty
+        self._cond = threading.Condition()
+        self._state = MigrationState.RUNNING
+        self._paused = False
+        self._cancelled = False
+        self._done = self._total = self._embedded = self._from_previews = 0
+        self._missing: tuple[tuple[str, str], ...] = ()
+        self._error: str | None = None
+        self._active_s = 0.0  # embedding time of this run, pauses left out
+        self._since: float | None = time.monotonic()  # when this stretch of embedding began
+
+    def pause(self) -> None:
+        with self._cond:
+            if self._state is MigrationState.RUNNING:
+                self._paused = True
+                self._set(MigrationState.PAUSING)
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            if self._state in (MigrationState.PAUSING, MigrationState.PAUSED):
+                self._set(MigrationState.RUNNING)
+            self._cond.notify_all()
+
+    def cancel(self) -> None:
+        with self._cond:
+            self._cancelled = True
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def state(self) -> MigrationState:
+        return self._state
+
+    def set_state(self, state: MigrationState, error: str | None = None) -> None:
+        with self._cond:
+            self._set(state)
+            self._error = error
+
+    def finish(self, report: MigrationReport, state: MigrationState, error: str | None) -> None:
+        """Record a run's report and where it leaves the migration."""
+        with self._cond:
+            self._done = report.total - len(report.missing)
+            self._total = report.total
+            self._from_previews = len(report.from_previews)
+            self._missing = report.missing
+            self._set(state)
+            self._error = error
+
+    def checkpoint(self, done: int, total: int, embedded: int) -> bool:
+        """Record progress; wait while paused. Returns False once cancelled."""
+        with self._cond:
+            self._done, self._total, self._embedded = done, total, embedded
+            now = time.monotonic()
+            if self._since is not None:
+                stretch = now - self._since
+                rest_until = now + stretch * (1 - self.duty) / self.duty
+                while not (self._paused or self._cancelled) and time.monotonic() < rest_until:
+                    self._cond.wait(rest_until - time.monotonic())
+                self._active_s += time.monotonic() - self._since  # rests count: the ETA's
+            self._since = None
+            while self._paused and not self._cancelled:
+                self._set(MigrationState.PAUSED)
+                self._cond.wait()
+            self._since = time.monotonic()
+            return not self._cancelled
+
+    def snapshot(self) -> MigrationProgress:
+        with self._cond:
+            rate = self._embedded / self._active_s if self._active_s > 0 else 0.0
+            left = self._total - self._done
+            return MigrationProgress(
+                model_id=self.model_id,
+                state=self._state,
+                done=self._done,
+                total=self._total,
+                embedded=self._embedded,
+                items_per_s=rate,
+                eta_s=left / rate if rate > 0 else (0.0 if left <= 0 and self._total else None),
+                from_previews=self._from_previews,
+                missing=self._missing,
+                error=self._error,
+            )
+
+    def _set(self, state: MigrationState) -> None:
+        self._state = state
+        if state is MigrationState.RUNNING and self._since is None:
+            self._since = time.monotonic()
 
 
 def _slug(identity_id: str) -> str:
@@ -121,6 +282,8 @@ def migrate_index(
     progress: Callable[[int, int], None] | None = None,
     cut_over: bool = True,
     drop_missing: bool = False,
+    control: MigrationControl | None = None,
+    settle: int = 0,
 ) -> MigrationReport:
     """Build (or resume) the shadow of ``index`` for the model ``identity``, then cut over.
 
@@ -133,6 +296,10 @@ def migrate_index(
         cut_over: replace the live index once the shadow is complete.
         drop_missing: cut over even when some items could not be re-embedded (the old index,
             kept for rollback, still holds them).
+        control: checked after each chunk (pause, cancel) and fed the progress.
+        settle: stop the catch-up passes once at most this many items are left to redo (a
+            server redoes them with writes held, just before it cuts over); only with
+            ``cut_over`` False.
 
     Returns:
         What was done; ``before`` is None when there was no cut-over (``missing`` says why,
@@ -153,13 +320,15 @@ def migrate_index(
             if target.stamp is None:  # a new shadow: changes from now on are caught up
                 target.bind_model(identity)
                 target.store.set_meta({_SINCE: live.write_version, _FROM: old_id})
-            pass_report = _fill(live, target.store, embedder, identity, chunk, progress)
+            pass_report = _fill(
+                live, target.store, embedder, identity, chunk, progress, control, settle
+            )
         total = live.count()
     finally:
         live.close()
     missing = tuple(sorted(pass_report.missing.items()))
     before = None
-    if cut_over and (drop_missing or not missing):
+    if cut_over and not pass_report.cancelled and (drop_missing or not missing):
         before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
         log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
     return MigrationReport(
@@ -172,6 +341,7 @@ def migrate_index(
         removed=pass_report.removed,
         before=before,
         seconds=time.monotonic() - started,
+        cancelled=pass_report.cancelled,
     )
 
 
@@ -238,6 +408,7 @@ class _Passes:
     from_previews: set[str]
     missing: dict[str, str]
     synced: int = 0
+    cancelled: bool = False
 
 
 def _fill(
@@ -247,36 +418,52 @@ def _fill(
     identity: ModelIdentity,
     chunk: int,
     progress: Callable[[int, int], None] | None,
+    control: MigrationControl | None = None,
+    settle: int = 0,
 ) -> _Passes:
-    """Passes over the live index until one finds nothing to do: each embeds the items the
-    shadow lacks or the live index wrote since the last complete pass, and deletes from the
-    shadow what the live index no longer holds."""
+    """Passes over the live index until one finds nothing to do (at most ``settle`` items):
+    each embeds the items the shadow lacks or the live index wrote since the last complete
+    pass, and deletes from the shadow what the live index no longer holds."""
     done = _Passes(from_previews=set(), missing={})
     live_dim = int(live.meta()["dim"])
     while True:
         began = live.write_version
         since = int(shadow.meta()[_SINCE])
-        items = _all_items(live)
-        have = {item.key for item in _all_items(shadow).values()}
+        keys = live.keys_by_id()
+        have = set(shadow.keys_by_id().values())
         written = live.changes_since(since, live_dim)[0].tolist()
-        changed = {items[i].key for i in written if i in items}
-        wanted = {item.key: item for item in items.values()}
+        changed = {keys[i] for i in written if i in keys}
+        wanted = {key: i for i, key in keys.items()}
         gone = have - wanted.keys()
-        todo = [
-            item
-            for key, item in sorted(wanted.items())
+        todo_keys = [
+            key
+            for key in sorted(wanted)
             if (key not in have or key in changed) and key not in done.missing
         ]
-        if not todo and not gone:
+        if not todo_keys and not gone:
             done.synced = began
+            return done
+        if settle and len(todo_keys) + len(gone) <= settle:
+            done.synced = -1  # not in sync: the caller catches up the rest
             return done
         done.removed += shadow.delete_keys(gone)
         before = done.embedded
-        for start in range(0, len(todo), chunk):
-            part = todo[start : start + chunk]
+        for start in range(0, len(todo_keys), chunk):
+            keys_part = todo_keys[start : start + chunk]
+            found = live.items_by_id([wanted[key] for key in keys_part])
+            # an item deleted (or its id reused) since the keys were read: the next pass
+            part = [
+                found[wanted[key]]
+                for key in keys_part
+                if wanted[key] in found and found[wanted[key]].key == key
+            ]
             _embed_part(live, shadow, embedder, identity, part, done)
+            now_done = len(wanted) - len(todo_keys) + start + len(keys_part)
             if progress is not None:
-                progress(len(wanted) - len(todo) + start + len(part), len(wanted))
+                progress(now_done, len(wanted))
+            if control is not None and not control.checkpoint(now_done, len(wanted), done.embedded):
+                done.cancelled, done.synced = True, -1
+                return done
         if done.embedded == before and not gone:  # nothing could be done: never spin
             done.synced = began
             return done
@@ -325,15 +512,6 @@ def _embed_part(
         )
     shadow.upsert(rows, dim=identity.dim)  # one transaction: a kill loses this part only
     done.embedded += len(rows)
-
-
-def _all_items(store: Store) -> dict[int, StoredItem]:
-    """Every item of ``store`` by id (read in slices)."""
-    ids = [row[0] for row in store.timeline(None)]
-    items: dict[int, StoredItem] = {}
-    for start in range(0, len(ids), _READ):
-        items.update(store.items_by_id(ids[start : start + _READ]))
-    return items
 
 
 # -- files -------------------------------------------------------------------------------------

@@ -179,6 +179,24 @@ def test_json_answers_are_what_the_docs_show(client: TestClient) -> None:
     check("POST", "/api/embed", json={"model": model, "input": ["a dog", image]})
     cohere = {"model": model, "texts": ["a dog"], "embedding_types": ["float", "int8"]}
     check("POST", "/v2/embed", json=cohere)
+    check("GET", "/admin/migrate", headers=admin)
+    started = client.post(
+        "/admin/migrate", json={"path": "b", "cut_over": "command"}, headers=admin
+    )
+    assert started.status_code == 202, started.text
+    models["POST", "/admin/migrate"].model_validate(started.json())
+    checked.add(("POST", "/admin/migrate"))
+    check("POST", "/admin/migrate/pause", headers=admin)
+    check("POST", "/admin/migrate/resume", headers=admin)
+    deadline = time.monotonic() + 60
+    while client.get("/admin/migrate", headers=admin).json()["state"] != "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    check("POST", "/admin/migrate/cut-over", headers=admin)
+    check("POST", "/admin/migrate/rollback", headers=admin)
+    again = client.post("/admin/migrate", json={"path": "b", "cut_over": "command"}, headers=admin)
+    assert again.status_code == 202, again.text
+    assert check("POST", "/admin/migrate/cancel", headers=admin)["state"] == "cancelled"
     # immich's door answers for immich's model names only: test_immich.py checks its answers
     assert checked == set(models) - {("POST", "/predict")}
     for r in (
@@ -613,3 +631,49 @@ def test_one_status_table_for_raised_and_reported_errors() -> None:
     for exc in (ConfigError("x"), TextInputError("x"), InferenceError("x")):
         assert status_for(exc) == status_for_name(type(exc).__name__)
     assert status_for(ConfigError("x")) == 422
+
+
+def test_an_item_added_over_http_keeps_a_preview_a_migration_re_embeds_at_full_size(
+    client: TestClient, tmp_path: Path, model_root: Path
+) -> None:
+    big = io.BytesIO()
+    Image.fromarray(photo_like(1200, 900, 5)).save(big, "PNG")
+    item = {"id": "upload", "image": data_url(big.getvalue())}
+    assert client.post("/index/items", json={"items": [item]}).status_code == 200
+    with SQLiteStore(tmp_path / "idx.db", readonly=True) as store:
+        kept = store.thumbnail("upload")
+    assert kept is not None and Image.open(io.BytesIO(kept)).size == (448, 336)
+    thumb = client.get("/items/upload/thumbnail")
+    assert max(Image.open(io.BytesIO(thumb.content)).size) == 192  # what the grid loads
+    preview = client.get("/items/upload/preview?size=1024")
+    assert preview.content == kept  # nothing larger exists: the kept preview as it is
+
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    r = client.post("/admin/migrate", json={"path": "b"}, headers=admin)
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 60
+    while (status := client.get("/admin/migrate", headers=admin).json())["state"] != "done":
+        assert status["state"] not in ("failed", "blocked") and time.monotonic() < deadline
+        time.sleep(0.02)
+    assert status["from_previews"] == 1 and status["missing"] == []
+    plugin = OnnxClipPlugin()
+    assert plugin.initialize(PluginConfig.from_dict({"model": {"path": str(model_root / "b")}}))
+    try:
+        (want,) = plugin.generate_embedding_batch([kept])
+    finally:
+        plugin.shutdown()
+    with SQLiteStore(tmp_path / "idx.db", readonly=True) as store:
+        got = store.vectors_by_id([1], 32)[0]
+    assert want.embedding is not None
+    assert np.allclose(got, want.embedding, atol=1e-5)  # embedded from the kept preview
+
+
+def test_migrating_a_postgresql_index_is_refused_with_a_clear_error(
+    model_root: Path, tmp_path: Path, pg_url: str
+) -> None:
+    app = create_app(settings(model_root, tmp_path, index_path=pg_url))
+    with TestClient(app) as client:
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        r = client.post("/admin/migrate", json={"path": "b"}, headers=admin)
+        assert "PostgreSQL index is not built yet" in error(r, 422, "ValidationError")
+        assert client.get("/admin/migrate", headers=admin).json() == {"state": "idle"}

@@ -66,6 +66,7 @@ def test_items_round_trip_exactly(location: str) -> None:
         after = store.get("b")
         assert before and after and after.id == before.id and after.metadata == {"v": 2}
         assert np.array_equal(store.vector("b"), unit(3)) and store.count() == 2
+        assert store.keys_by_id() == {got.id: "a/b%_c", after.id: "b"}
 
 
 def test_bad_rows_are_refused_whole(location: str) -> None:

@@ -13,7 +13,12 @@ from themis_clip.interface import ImageData
 from themis_clip.preprocess.image import decode_image
 from themis_clip.vocabulary import DEFAULT_MAX_IMAGE_PIXELS
 
-__all__ = ["make_thumbnail"]
+__all__ = ["KEPT_PREVIEW", "fit_preview", "make_thumbnail"]
+
+#: the longer side of the preview kept for an item added without a file: at least the largest
+#: image input of a supported model (448 px), so a migration to another model re-embeds it at
+#: full input resolution
+KEPT_PREVIEW = 448
 
 _NO_LEASE = contextlib.nullcontext()
 
@@ -46,3 +51,18 @@ def make_thumbnail(
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=85)
     return buf.getvalue()
+
+
+def fit_preview(
+    stored: bytes,
+    size: int,
+    *,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    budget: PixelBudget | None = None,
+) -> bytes:
+    """``stored`` (a JPEG preview) as it is when it fits in ``size``×``size``, else reduced
+    to fit: a thumbnail of a kept :data:`KEPT_PREVIEW` preview costs its own size only."""
+    with Image.open(io.BytesIO(stored)) as img:
+        if max(img.size) <= size:
+            return stored
+    return make_thumbnail(stored, size=size, max_image_pixels=max_image_pixels, budget=budget)

@@ -8,7 +8,8 @@ Endpoints: ``POST /v1/embeddings``,
 /embed/text``, ``POST /index/items``, ``POST /search``, ``GET /index/info``, ``GET
 /index/filters``, ``GET /items/{id}`` (and ``/thumbnail``, ``/preview``), ``GET /healthz``,
 ``GET /readyz``, ``GET /stats``, ``GET /metrics``, ``POST /admin/reload``, ``GET
-/admin/stats``, ``GET /`` (search page); other services' embedding APIs (immich's ``GET
+/admin/stats``, ``GET``/``POST /admin/migrate`` (and ``/admin/migrate/{action}``), ``GET /``
+(search page); other services' embedding APIs (immich's ``GET
 /ping`` and ``POST /predict``, Ollama's ``POST /api/embed``, TEI's ``POST /embed``, Cohere's
 ``POST /v2/embed``); OpenAPI at ``/docs`` (``/redoc`` redirects there). Concurrent
 single-item requests are coalesced by :class:`MicroBatcher`; all model and index work runs in
@@ -27,7 +28,6 @@ from fastapi import FastAPI
 
 from themis_clip._version import __version__
 from themis_clip.batching import MicroBatcher
-from themis_clip.index.search import VectorIndex
 from themis_clip.loading import load_ocr
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import (
@@ -54,12 +54,13 @@ from themis_clip.server.routes import (
     docs,
     duplicates,
     embeddings,
+    migrate,
     ops,
     search,
 )
 from themis_clip.server.schemas import ERRORS
 from themis_clip.server.settings import ServerSettings
-from themis_clip.server.state import AppState, text_batch_fn
+from themis_clip.server.state import AppState, open_index, text_batch_fn
 
 __all__ = ["ServerSettings", "create_app"]
 
@@ -83,6 +84,10 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         lambda: state.text_batcher.stats.skipped if state.text_batcher else 0,
     )
 
+    metrics.track_migration(
+        lambda: state.migration.control.snapshot() if state.migration is not None else None
+    )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         p = state.plugin
@@ -102,12 +107,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         state.image_batcher = batcher(p.generate_embedding_batch, "image")
         state.text_batcher = batcher(text_batch_fn(p), "text")
         if settings.index_path:
-            state.index = await asyncio.to_thread(
-                VectorIndex,
-                settings.index_path,
-                background_build=True,
-                settings=settings.search_settings,
-            )
+            state.index = await asyncio.to_thread(open_index, settings)
             if settings.plugin_config.ocr.enabled:
                 state.ocr = await asyncio.to_thread(
                     load_ocr, settings.plugin_config, budget=p.pixel_budget
@@ -135,6 +135,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         finally:
             state.ready = False
             lag.cancel()
+            await migrate.stop(state)  # the shadow is kept: a POST after a restart resumes
             # The server has answered or dropped every request by now: nothing waits for the
             # runs still going (a warm-up, an abandoned batch), so they are stopped, not drained.
             await asyncio.to_thread(p.shutdown, 0.0)
@@ -160,7 +161,8 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     app.openapi = docs.markdown_openapi(app)  # type: ignore[method-assign]
     app.state.themis = state
     routers = [
-        m.router for m in (ops, embeddings, search, classify, admin, docs, duplicates, dialects)
+        m.router
+        for m in (ops, embeddings, search, classify, admin, migrate, docs, duplicates, dialects)
     ]
     routers += [ops.public, search.writes, dialects.public, dialects.immich]
     for router in routers:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from themis_clip.migration import MigrationProgress, MigrationState
+
 __all__ = ["IDLE_LAG_PERIOD_S", "LAG_PERIOD_S", "Metrics", "lag_period", "watch_loop_lag"]
 
 #: the loop-lag timer's period while requests come in: a stall longer than this is always
@@ -75,11 +77,59 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
+    def track_migration(self, progress: Callable[[], MigrationProgress | None]) -> None:
+        """Gauges of the server's migration, read from ``progress()`` at each scrape."""
+        r = self.registry
+        items = Gauge(
+            "themis_migration_items",
+            "the migration's items: done (in the shadow, up to date), total (in the live "
+            "index), embedded (by this run), from_previews, missing (cannot be re-embedded)",
+            ["kind"],
+            registry=r,
+        )
+        kinds: dict[str, Callable[[MigrationProgress], float]] = {
+            "done": lambda p: p.done,
+            "total": lambda p: p.total,
+            "embedded": lambda p: p.embedded,
+            "from_previews": lambda p: p.from_previews,
+            "missing": lambda p: len(p.missing),
+        }
+        for kind, read in kinds.items():
+            items.labels(kind).set_function(_reading(progress, read))
+        Gauge(
+            "themis_migration_items_per_second", "the migration's embedding rate", registry=r
+        ).set_function(_reading(progress, lambda p: p.items_per_s))
+        Gauge(
+            "themis_migration_eta_seconds",
+            "seconds the migration needs at its rate (NaN while unknown)",
+            registry=r,
+        ).set_function(_reading(progress, lambda p: float("nan") if p.eta_s is None else p.eta_s))
+        states = Gauge(
+            "themis_migration_state", "1 for the migration's state", ["state"], registry=r
+        )
+        for value in MigrationState:
+            states.labels(value.value).set_function(_reading(progress, _is_state(value)))
+
     def track_queue(
         self, modality: str, depth: Callable[[], int], skipped: Callable[[], int]
     ) -> None:
         self.queue_depth.labels(modality).set_function(depth)
         self.skipped_items.labels(modality).set_function(skipped)
+
+
+def _is_state(state: MigrationState) -> Callable[[MigrationProgress], float]:
+    return lambda p: float(p.state is state)
+
+
+def _reading(
+    progress: Callable[[], MigrationProgress | None],
+    read: Callable[[MigrationProgress], float],
+) -> Callable[[], float]:
+    def value() -> float:
+        p = progress()
+        return 0.0 if p is None else float(read(p))
+
+    return value
 
 
 async def watch_loop_lag(

@@ -181,6 +181,32 @@ class ReloadRequest(_Strict):
     )
 
 
+class MigrateRequest(_Strict):
+    """Move the server's index to another model in the background (``/admin/migrate``)."""
+
+    path: str | None = Field(
+        default=None, description="model path, relative to (and inside) the server's model root"
+    )
+    model: str | None = Field(
+        default=None, max_length=300, description="instead of path: a cached catalogue name"
+    )
+    variant: str | None = None
+    cores: float | None = Field(
+        default=None,
+        gt=0,
+        le=1024,
+        description="the share of the cores the migration uses: 0.5 is one thread working "
+        "half the time, 3 is three threads (default: a quarter of the cores, at least 0.5)",
+    )
+    cut_over: Literal["auto", "command"] = Field(
+        default="auto",
+        description="switch as soon as the shadow is complete, or on POST /admin/migrate/cut-over",
+    )
+    drop_missing: bool = Field(
+        default=False, description="cut over even when some items cannot be re-embedded"
+    )
+
+
 class ClassifyRequest(_Strict):
     image: str | None = Field(default=None, description="base64 image bytes or a data URL")
     item: str | None = Field(default=None, min_length=1, max_length=1024)
@@ -394,6 +420,22 @@ class Reloaded(_Strict):
     space_changed: bool | None = None
     pulling: str | None = None
     status: str | None = None
+
+
+class MigrationStatus(_Strict):
+    """A migration's progress; ``state`` is ``idle`` when none ran since the server started."""
+
+    state: str
+    model_id: str | None = None
+    done: int | None = None
+    total: int | None = None
+    embedded: int | None = None
+    items_per_s: float | None = None
+    eta_s: float | None = None
+    from_previews: int | None = None
+    missing: list[dict[str, str]] | None = None
+    error: str | None = None
+    cut_over: str | None = None
 
 
 class Statistics(BaseModel):

@@ -3,6 +3,9 @@
 :class:`AppState` owns the plugin, the batchers and the optional index; its methods are the
 use cases routes share (embed through the batchers, all items by one model; the model's index
 stamp). Routes get it through :data:`StateDep` and never reach for globals.
+
+Routes that use the index hold :class:`IndexGate` shared (:data:`INDEX_HELD`); a migration's
+cut-over, which replaces the model and the index together, holds it alone.
 """
 
 from __future__ import annotations
@@ -10,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from themis_clip.batching import MicroBatcher
+from themis_clip.config import PluginConfig
 from themis_clip.errors import NotReadyError
 from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
+from themis_clip.migration import MigrationControl
 from themis_clip.ocr import OCREngine
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import APIError
@@ -28,7 +34,101 @@ from themis_clip.server.payloads import decode_image_fields, raise_for
 from themis_clip.server.settings import ServerSettings
 from themis_clip.vocabulary import ModelIdentity
 
-__all__ = ["AppState", "Part", "StateDep", "get_state", "text_batch_fn"]
+__all__ = [
+    "INDEX_HELD",
+    "AppState",
+    "IndexGate",
+    "MigrationJob",
+    "Part",
+    "StateDep",
+    "get_state",
+    "open_index",
+    "text_batch_fn",
+]
+
+
+class IndexGate:
+    """Many requests that use the index (and the model that reads it), or one cut-over that
+    replaces both: no request sees the new model with the old index or the reverse.
+
+    Write-preferring: a waiting cut-over holds new requests back, and takes over once those
+    inside have answered. Event-loop only; releasing never awaits, so a cancelled request
+    cannot leave it held.
+    """
+
+    def __init__(self) -> None:
+        self._inside = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._alone = asyncio.Lock()
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inside += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._inside -= 1
+            if not self._inside:
+                self._idle.set()
+
+    async def acquire_alone(self) -> None:
+        """Hold new requests back and wait for those inside to answer."""
+        await self._alone.acquire()
+        self._open.clear()
+        while self._inside:
+            await self._idle.wait()
+
+    def release_alone(self) -> None:
+        self._open.set()
+        self._alone.release()
+
+
+#: items that cannot be re-embedded, listed by key in a migration's status
+_LISTED = 100
+
+
+@dataclass
+class MigrationJob:
+    """The server's migration (``/admin/migrate``): its control and what a cut-over and a
+    rollback switch between."""
+
+    control: MigrationControl
+    #: the new model, loaded with the migration's share of the cores
+    migrator: OnnxClipPlugin
+    #: the serving configuration with the new model (cut-over) and the one before (rollback)
+    config: PluginConfig
+    previous: PluginConfig
+    auto_cut_over: bool
+    drop_missing: bool
+    chunk: int
+    task: asyncio.Task[None] | None = None
+    #: cancel discards the shadow; a server shutdown stops the run and keeps it
+    discard: bool = False
+
+    def status(self, *, private: bool = True) -> dict[str, Any]:
+        """State, counts, rate and ETA; ``private`` adds the keys that cannot be re-embedded
+        and the error message (else their count and a flag)."""
+        p = self.control.snapshot()
+        listed = [{"id": k, "reason": r} for k, r in p.missing[:_LISTED]]
+        return {
+            "state": str(p.state),
+            "model_id": p.model_id,
+            "done": p.done,
+            "total": p.total,
+            "embedded": p.embedded,
+            "items_per_s": round(p.items_per_s, 2),
+            "eta_s": round(p.eta_s, 1) if p.eta_s is not None else None,
+            "from_previews": p.from_previews,
+            "missing": listed if private else len(p.missing),
+            "error": p.error if private else p.error is not None,
+            "cut_over": "auto" if self.auto_cut_over else "command",
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +162,14 @@ class AppState:
     duplicates_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.time)
+    gate: IndexGate = field(default_factory=IndexGate)
+    migration: MigrationJob | None = None
+
+    def migration_status(self, *, private: bool = True) -> dict[str, Any]:
+        """:meth:`MigrationJob.status`, ``{"state": "idle"}`` when none ran."""
+        if self.migration is None:
+            return {"state": "idle"}
+        return self.migration.status(private=private)
 
     def require_ready(self) -> OnnxClipPlugin:
         if not self.plugin.is_ready():
@@ -179,6 +287,23 @@ def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+
+async def _hold_index(request: Request) -> AsyncIterator[None]:
+    async with get_state(request).gate.shared():
+        yield
+
+
+#: a router's (or route's) dependency: the index and the model stay a pair until it answers
+INDEX_HELD = Depends(_hold_index, scope="function")
+
+
+def open_index(settings: ServerSettings) -> VectorIndex:
+    """The server's index, as it opens it at start and after a cut-over."""
+    assert settings.index_path is not None
+    return VectorIndex(
+        settings.index_path, background_build=True, settings=settings.search_settings
+    )
 
 
 def text_batch_fn(

@@ -24,7 +24,7 @@ from themis_clip.server.bodies import documented, read_model
 from themis_clip.server.errors import APIError
 from themis_clip.server.routes import ops
 from themis_clip.server.schemas import Reloaded, ReloadRequest, Statistics, answer
-from themis_clip.server.state import AppState, StateDep
+from themis_clip.server.state import INDEX_HELD, AppState, StateDep
 from themis_clip.vocabulary import ModelIdentity
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", dependencies=[ADMIN], tags=["admin"])
 
 
-@router.get("/stats", **answer(Statistics))
+@router.get("/stats", dependencies=[INDEX_HELD], **answer(Statistics))
 async def admin_stats(request: Request, state: StateDep) -> dict[str, Any]:
     """All statistics, reload errors with their paths and runtime messages included."""
     out = ops.full_stats(state)
@@ -71,7 +71,7 @@ async def reload(request: Request, state: StateDep) -> Any:
             raise APIError(
                 403, "Forbidden", "model reload is disabled (start the server with --model-root)"
             )
-        target = str(_inside_root(settings.model_root, body.path or ""))
+        target = str(inside_root(settings.model_root, body.path or ""))
     return await _apply(state, body, target)
 
 
@@ -175,7 +175,7 @@ async def _named_model(request: Request, state: AppState, body: ReloadRequest) -
     return None
 
 
-def _inside_root(root: str, requested: str) -> Path:
+def inside_root(root: str, requested: str) -> Path:
     """Resolve ``requested`` against ``root`` (symlinks followed); refuse anything outside it."""
     if not requested or any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in requested):
         raise APIError(

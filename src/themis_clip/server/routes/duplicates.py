@@ -20,9 +20,9 @@ from themis_clip.index.stores import Facets
 from themis_clip.preprocess.image import same_pixels
 from themis_clip.server.access import SEARCH
 from themis_clip.server.schemas import DuplicateGroups, PhotoFacets, answer
-from themis_clip.server.state import StateDep
+from themis_clip.server.state import INDEX_HELD, StateDep
 
-router = APIRouter(dependencies=[SEARCH], tags=["index"])  # what search keys may read
+router = APIRouter(dependencies=[SEARCH, INDEX_HELD], tags=["index"])  # what search keys may read
 
 
 @router.get("/duplicates", **answer(DuplicateGroups))

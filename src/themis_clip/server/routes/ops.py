@@ -14,7 +14,7 @@ from themis_clip.server.access import METRICS, PUBLIC
 from themis_clip.server.errors import APIError
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.schemas import Health, Readiness, Statistics, answer
-from themis_clip.server.state import AppState, StateDep
+from themis_clip.server.state import INDEX_HELD, AppState, StateDep
 
 public = APIRouter(dependencies=[PUBLIC], tags=["operations"])  # no key: health, page
 router = APIRouter(dependencies=[METRICS], tags=["operations"])
@@ -68,10 +68,12 @@ def public_stats(stats: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@router.get("/stats", **answer(Statistics))
+@router.get("/stats", dependencies=[INDEX_HELD], **answer(Statistics))
 async def stats(state: StateDep) -> dict[str, Any]:
     """Statistics for anyone who can reach the service: no paths, no runtime messages."""
-    return public_stats(full_stats(state))
+    out = public_stats(full_stats(state))
+    out["migration"] = state.migration_status(private=False)
+    return out
 
 
 def full_stats(state: AppState) -> dict[str, Any]:
@@ -86,6 +88,7 @@ def full_stats(state: AppState) -> dict[str, Any]:
         "image_items_skipped": state.image_batcher.stats.skipped if state.image_batcher else 0,
         "text_items_skipped": state.text_batcher.stats.skipped if state.text_batcher else 0,
     }
+    out["migration"] = state.migration_status()
     return out
 
 

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from themis_clip.errors import InputError
 from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import Facets, ItemRow, Lexical
-from themis_clip.preprocess.thumbnail import make_thumbnail
+from themis_clip.preprocess.thumbnail import KEPT_PREVIEW, fit_preview, make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
@@ -29,10 +29,10 @@ from themis_clip.server.schemas import (
     SearchResults,
     answer,
 )
-from themis_clip.server.state import AppState, StateDep
+from themis_clip.server.state import INDEX_HELD, AppState, StateDep
 
-router = APIRouter(dependencies=[SEARCH], tags=["index"])
-writes = APIRouter(dependencies=[WRITE], tags=["index"])  # ingest needs no search
+router = APIRouter(dependencies=[SEARCH, INDEX_HELD], tags=["index"])
+writes = APIRouter(dependencies=[WRITE, INDEX_HELD], tags=["index"])  # ingest needs no search
 
 
 @writes.post("/index/items", openapi_extra=documented(IndexItemsRequest), **answer(ItemsAdded))
@@ -58,8 +58,13 @@ async def index_items(
         raise_for(r, f"item {item.id!r}")
     budget = state.plugin.pixel_budget
     max_pixels = state.settings.plugin_config.preprocess.max_image_pixels
-    thumbs = await asyncio.to_thread(  # decoded within the same pixel budget as embeddings
-        lambda: [make_thumbnail(d, budget=budget, max_image_pixels=max_pixels) for d in data]
+    # Kept large enough to re-embed the item with another model (it has no file); decoded
+    # within the same pixel budget as embeddings.
+    thumbs = await asyncio.to_thread(
+        lambda: [
+            make_thumbnail(d, size=KEPT_PREVIEW, budget=budget, max_image_pixels=max_pixels)
+            for d in data
+        ]
     )
     rows = [
         ItemRow(key=item.id, vector=r.embedding, metadata=item.metadata, thumbnail=t)  # type: ignore[arg-type]
@@ -159,7 +164,8 @@ MAX_PREVIEW = 1024
 @router.get("/items/{key:path}/preview", response_class=Response, responses=JPEG)
 async def preview(key: str, state: StateDep, size: int = 768) -> Response:
     """A larger JPEG of the item for the viewer: at most ``size`` (64-1024) px a side. Items
-    added over HTTP have only their stored thumbnail; the original file is never served."""
+    added over HTTP have only their stored preview (448 px); the original file is never
+    served."""
     if not 64 <= size <= MAX_PREVIEW:
         raise APIError(422, "ValidationError", f"size: between 64 and {MAX_PREVIEW}")
     return await _picture(state, key, size)
@@ -177,7 +183,7 @@ async def _picture(state: AppState, key: str, size: int) -> Response:
         if item is None:
             return None
         if stored is not None:
-            return stored
+            return fit_preview(stored, size, budget=budget, max_image_pixels=max_pixels)
         # Only files the index itself recorded are ever read: never a path from the request.
         if not item.path:
             return None

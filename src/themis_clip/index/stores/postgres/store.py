@@ -404,6 +404,11 @@ class PgStore:
             (n,) = db.execute("SELECT count(*) FROM themis_items").fetchone()
         return int(n)
 
+    def keys_by_id(self) -> dict[int, str]:
+        """Every item's key by id (what a migration pass compares; nothing decoded)."""
+        with self.connection() as db:
+            return {int(i): str(k) for i, k in db.execute("SELECT id, key FROM themis_items")}
+
     def _vectors(self, sql: str, params: Sequence[Any], dim: int) -> tuple[Any, Any]:
         with self.connection() as db, db.cursor(binary=True) as cur:
             cur.execute(sql, params)

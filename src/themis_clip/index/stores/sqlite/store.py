@@ -386,6 +386,10 @@ class SQLiteStore:
         (n,) = self._reader().execute("SELECT COUNT(*) FROM items").fetchone()
         return int(n)
 
+    def keys_by_id(self) -> dict[int, str]:
+        """Every item's key by id (what a migration pass compares; nothing decoded)."""
+        return dict(self._reader().execute("SELECT id, key FROM items").fetchall())
+
     def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """All ``(ids, vectors [n, dim])``, in id order."""
         rows = self._reader().execute("SELECT id, vector FROM items ORDER BY id").fetchall()
