@@ -363,10 +363,13 @@ class PluginConfig:
 
     def __post_init__(self) -> None:
         _check_positive(self.max_batch_size, "max_batch_size")
-        if self.intra_op_threads is not None:
-            _check_positive(self.intra_op_threads, "intra_op_threads")
-        if self.preprocess_workers is not None:
-            _check_positive(self.preprocess_workers, "preprocess_workers")
+        for key in ("intra_op_threads", "preprocess_workers"):
+            threads = getattr(self, key)
+            if threads is not None:
+                _check_positive(threads, key)
+                if threads > MAX_THREADS:
+                    # Each is a real OS thread: 100000 of them froze the machine.
+                    raise ConfigError(f"must be at most {MAX_THREADS}, got {threads}", key=key)
         if (
             isinstance(self.prefetch_batches, bool)
             or not isinstance(self.prefetch_batches, int)
@@ -556,6 +559,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     return value
+
+
+MAX_THREADS = 1024
+"""The most threads a session or decode pool may be given (far above any machine's use)."""
 
 
 def _check_positive(value: int, key: str) -> None:

@@ -273,3 +273,21 @@ def test_the_ocr_section_is_read_and_checked(tmp_path: Path) -> None:
         PluginConfig.from_dict({**base, "ocr": {"min_confidence": 2}})
     with pytest.raises(ConfigError, match="ocr.gat"):
         PluginConfig.from_dict({**base, "ocr": {"gat": True}})
+
+
+@pytest.mark.parametrize("key", ["intra_op_threads", "preprocess_workers"])
+def test_thread_counts_are_bounded(key: str) -> None:
+    # Each counted thread is an OS thread: 100000 of them froze a machine.
+    assert getattr(PluginConfig.from_dict({"model": {"path": "m"}, key: 1024}), key) == 1024
+    with pytest.raises(ConfigError, match=rf"{key}.*at most 1024, got 100000"):
+        PluginConfig.from_dict({"model": {"path": "m"}, key: 100000})
+
+
+def test_migrate_refuses_a_thread_count_no_machine_has(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from themis_clip.cli import main
+
+    code = main(["migrate", "--index", str(tmp_path / "i.db"), "--to", "m", "--threads", "100000"])
+    assert code == 2
+    assert "--threads must be between 1 and 1024, got 100000" in capsys.readouterr().err

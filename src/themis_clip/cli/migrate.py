@@ -16,7 +16,7 @@ from themis_clip.cli.common import (
     stamp_of,
     start_plugin,
 )
-from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.config import MAX_THREADS, ModelConfig, PluginConfig
 from themis_clip.files import file_lock
 from themis_clip.migration import MigrationReport, migrate_index, rollback
 
@@ -77,8 +77,8 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) // 2)
-    if threads < 1:
-        raise CLIError("--threads must be >= 1")
+    if not 1 <= threads <= MAX_THREADS:
+        raise CLIError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CLIError("--batch-size must be >= 1")
     batch = args.batch_size or 32
