@@ -21,11 +21,13 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from themis_clip.errors import ConfigError, InputError, SearchIndexError
+from themis_clip.files import file_lock
 from themis_clip.index.indexer import ImageEmbedder
 from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
 from themis_clip.index.stores import ItemRow, Store, StoredItem, is_url, open_store
@@ -313,24 +315,25 @@ def migrate_index(
     started = time.monotonic()
     live_path = _live_file(index)
     shadow = shadow_path(live_path, identity.model_id)
-    live = open_store(live_path)
-    try:
-        old_id = _check_models(live, identity, live_path)
-        with VectorIndex(shadow) as target:
-            if target.stamp is None:  # a new shadow: changes from now on are caught up
-                target.bind_model(identity)
-                target.store.set_meta({_SINCE: live.write_version, _FROM: old_id})
-            pass_report = _fill(
-                live, target.store, embedder, identity, chunk, progress, control, settle
-            )
-        total = live.count()
-    finally:
-        live.close()
-    missing = tuple(sorted(pass_report.missing.items()))
-    before = None
-    if cut_over and not pass_report.cancelled and (drop_missing or not missing):
-        before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
-        log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
+    with _one_migrator(shadow):
+        live = open_store(live_path)
+        try:
+            old_id = _check_models(live, identity, live_path)
+            with VectorIndex(shadow) as target:
+                if target.stamp is None:  # a new shadow: changes from now on are caught up
+                    target.bind_model(identity)
+                    target.store.set_meta({_SINCE: live.write_version, _FROM: old_id})
+                pass_report = _fill(
+                    live, target.store, embedder, identity, chunk, progress, control, settle
+                )
+            total = live.count()
+        finally:
+            live.close()
+        missing = tuple(sorted(pass_report.missing.items()))
+        before = None
+        if cut_over and not pass_report.cancelled and (drop_missing or not missing):
+            before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
+            log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
     return MigrationReport(
         model_id=identity.model_id,
         shadow=shadow,
@@ -350,20 +353,11 @@ def rollback(index: str | Path) -> RollbackReport:
     the one it replaces becomes that migration's shadow again.
 
     Raises:
-        InputError: a PostgreSQL index, no index, no kept index or more than one.
+        InputError: a PostgreSQL index, no index, or no index kept by its last cut-over.
         SearchIndexError: another process has the index open.
     """
     live_path = _live_file(index)
-    kept = sorted(live_path.parent.glob(f"{_glob_escape(live_path.name)}.before-*"))
-    kept = [k for k in kept if not k.name.endswith(_SIDE_FILES)]
-    if not kept:
-        raise InputError(f"no previous index is kept beside {live_path}: nothing to roll back")
-    if len(kept) > 1:
-        raise InputError(
-            f"more than one previous index is kept beside {live_path} "
-            f"({', '.join(k.name for k in kept)}); delete those you do not want, then roll back"
-        )
-    before = kept[0]
+    _check_unopened(live_path)
     store = open_store(live_path)
     try:
         meta = store.meta()
@@ -375,14 +369,22 @@ def rollback(index: str | Path) -> RollbackReport:
             written_since = len(ids) + len(gone)
     finally:
         store.close()
+    # The last cut-over kept the index it replaced under the name of the model it moved to,
+    # which is the live index's model: that is the one to put back (older ones stay).
+    before = before_path(live_path, current_id)
+    if not current_id or not before.is_file():
+        raise InputError(
+            f"no previous index of {live_path} is kept (looked for {before.name}): "
+            "nothing to roll back"
+        )
     with VectorIndex(before, readonly=True) as old:
         stamp = old.stamp
+    _check_unopened(before)  # the read above left SQLite's side files: a writer removes them
     shadow = shadow_path(live_path, current_id)
     if shadow.exists():
         raise SearchIndexError(
             f"{shadow} exists already; delete it (an unfinished migration) and roll back again"
         )
-    _check_unopened(live_path)
     for suffix in _SIDE_FILES:
         _move(Path(f"{live_path}{suffix}"), Path(f"{shadow}{suffix}"))
     _link_or_copy(live_path, shadow)
@@ -529,6 +531,27 @@ def _live_file(index: str | Path) -> Path:
     return path
 
 
+@contextmanager
+def _one_migrator(shadow: Path) -> Iterator[None]:
+    """Hold the shadow's lock: two migrations writing one shadow (a CLI run beside a server's)
+    would each embed the same items and one could delete the shadow under the other."""
+    lock = Path(f"{shadow}.lock")
+    held = False
+    try:
+        with file_lock(lock, timeout_s=0):
+            held = True
+            yield
+    except TimeoutError:
+        if held:
+            raise
+        raise SearchIndexError(
+            f"another migration of this index to the same model is running (it holds {lock})"
+        ) from None
+    finally:
+        if held and not shadow.exists():
+            lock.unlink(missing_ok=True)
+
+
 def _check_models(live: Store, identity: ModelIdentity, path: Path) -> str:
     """The live index's model id; raises when there is none or it is ``identity`` already."""
     meta = live.meta()
@@ -569,12 +592,14 @@ def _cut_over(live_path: Path, shadow: Path, model_id: str, synced: int) -> Path
 
 
 def _check_unopened(path: Path) -> None:
-    """Raise when another process has ``path`` open: SQLite removes the write-ahead log when
-    the last connection closes, so one that remains belongs to a connection still open."""
+    """Raise when another process has ``path`` open. SQLite removes the write-ahead log when
+    the last connection that may write closes, so a log left after this process opened and
+    closed it belongs to a connection still open elsewhere (a read-only open, which cannot
+    remove it, leaves one behind: this open clears that too)."""
+    open_store(path).close()
     if Path(f"{path}-wal").exists():
         raise SearchIndexError(
-            f"index {path} is open in another process (a server?): stop it, then run again "
-            "(the shadow is kept; the cut-over then happens at once)"
+            f"index {path} is open in another process (a server?): stop it, then run again"
         )
 
 

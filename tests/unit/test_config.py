@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -290,4 +291,7 @@ def test_migrate_refuses_a_thread_count_no_machine_has(
 
     code = main(["migrate", "--index", str(tmp_path / "i.db"), "--to", "m", "--threads", "100000"])
     assert code == 2
-    assert "--threads must be between 1 and 1024, got 100000" in capsys.readouterr().err
+    cores = os.cpu_count()
+    assert f"--threads must be between 1 and {cores} (the cores here), got 100000" in (
+        capsys.readouterr().err
+    )

@@ -7,7 +7,8 @@ import dataclasses
 import logging
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from themis_clip import jsonio
 from themis_clip.config import ModelConfig, PluginConfig, SearchConfig
 from themis_clip.errors import ConfigError, ThemisClipError
+from themis_clip.files import file_lock
 from themis_clip.index.settings import GraphDType
 from themis_clip.interface import BackendType
 from themis_clip.plugin import OnnxClipPlugin
@@ -131,6 +133,41 @@ def index_location(args: argparse.Namespace, default: str | None = DEFAULT_INDEX
     if args.index:
         return str(args.index)
     return config_from(args).search.index or default
+
+
+@contextmanager
+def index_writer(index: str) -> Iterator[None]:
+    """Hold the one-writer lock of ``index`` (``index`` and ``migrate`` share it): a second
+    writer would embed every new item again beside the first, or move files under it.
+
+    Raises:
+        CLIError: another writer holds it, or the index's folder is read-only.
+    """
+    if index.startswith(("postgresql://", "postgres://")):
+        from themis_clip.index.stores.postgres import writer_lock
+
+        with writer_lock(index):
+            yield
+        return
+    lock = Path(index + ".lock")
+    try:
+        with file_lock(lock, timeout_s=0):
+            yield
+    except TimeoutError:
+        raise CLIError(
+            f"another `themis-clip index` or `migrate` is updating {index}; "
+            "run this one when it ends"
+        ) from None
+    except OSError as exc:  # read-only media, no permission (raised taking the lock)
+        if exc.filename not in (str(lock), lock):
+            raise
+        raise CLIError(
+            f"index {index} is read-only here ({exc.strerror or exc}): search it as it is, or "
+            "copy it somewhere writable to change it"
+        ) from None
+    finally:
+        if not Path(index).exists():
+            lock.unlink(missing_ok=True)  # no index was left: no lock file beside nothing
 
 
 def graph_settings(args: argparse.Namespace) -> SearchConfig:

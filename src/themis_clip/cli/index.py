@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from themis_clip.cli.common import (
     graph_settings,
     index_args,
     index_location,
+    index_writer,
     model_args,
     progress_bar,
     shown,
@@ -26,7 +26,6 @@ from themis_clip.cli.common import (
 )
 from themis_clip.collection import SORTS, Collection, Query, browse, lexical
 from themis_clip.errors import WhereError
-from themis_clip.files import file_lock
 from themis_clip.index.indexer import IndexReport
 from themis_clip.index.search import Hit, VectorIndex
 from themis_clip.index.stores.base import is_url
@@ -123,35 +122,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         raise CLIError(f"not a folder: {folder}")
     args.index = index_location(args)
-    lock = Path(args.index + ".lock")
-    try:
-        return _locked_index(args, folder, lock)
-    finally:
-        if not is_url(args.index) and not Path(args.index).exists():
-            lock.unlink(missing_ok=True)  # no index was left: no lock file beside nothing
-
-
-def _locked_index(args: argparse.Namespace, folder: Path, lock: Path) -> int:
-    with ExitStack() as held:
-        if is_url(args.index):
-            from themis_clip.index.stores.postgres import writer_lock
-
-            held.enter_context(writer_lock(args.index))
-        else:
-            # One writer per index file: a second run would embed every new file again beside
-            # the first (and, on a new index, race it for the schema).
-            try:
-                held.enter_context(file_lock(lock, timeout_s=0))
-            except TimeoutError:
-                raise CLIError(
-                    f"another `themis-clip index` is updating {args.index}; "
-                    "run this one when it ends"
-                ) from None
-            except OSError as exc:  # read-only media, no permission
-                raise CLIError(
-                    f"index {args.index} is read-only here ({exc.strerror or exc}): search it "
-                    "as it is, or copy it somewhere writable to add to it"
-                ) from None
+    with index_writer(args.index):
         return _index(args, folder)
 
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 from typing import Any
 
 from themis_clip.cli.common import (
     DEFAULT_INDEX,
     CLIError,
+    index_writer,
     progress_bar,
     shown,
     stamp_of,
     start_plugin,
 )
-from themis_clip.config import MAX_THREADS, ModelConfig, PluginConfig
-from themis_clip.files import file_lock
+from themis_clip.config import ModelConfig, PluginConfig
 from themis_clip.migration import MigrationReport, migrate_index, rollback
 
 #: Items listed by name in a report before "and N more".
@@ -64,21 +63,15 @@ def register(sub: Any) -> None:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    lock = Path(args.index + ".lock")
-    try:
-        with file_lock(lock, timeout_s=0):
-            return _rollback(args) if args.rollback else _migrate(args)
-    except TimeoutError:
-        raise CLIError(
-            f"another `themis-clip index` or `migrate` is updating {args.index}; "
-            "run this one when it ends"
-        ) from None
+    with index_writer(args.index):
+        return _rollback(args) if args.rollback else _migrate(args)
 
 
 def _migrate(args: argparse.Namespace) -> int:
     threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 2) // 2)
-    if not 1 <= threads <= MAX_THREADS:
-        raise CLIError(f"--threads must be between 1 and {MAX_THREADS}, got {threads}")
+    cores = os.cpu_count() or 1
+    if not 1 <= threads <= cores:
+        raise CLIError(f"--threads must be between 1 and {cores} (the cores here), got {threads}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CLIError("--batch-size must be >= 1")
     batch = args.batch_size or 32

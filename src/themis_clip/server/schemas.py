@@ -436,6 +436,11 @@ class MigrationStatus(_Strict):
     missing: list[dict[str, str]] | None = None
     error: str | None = None
     cut_over: str | None = None
+    lost_by_rollback: int | None = Field(
+        default=None,
+        description="after a rollback: items written or deleted after the cut-over, which the "
+        "restored index does not have",
+    )
 
 
 class Statistics(BaseModel):

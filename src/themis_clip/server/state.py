@@ -25,7 +25,7 @@ from themis_clip.config import PluginConfig
 from themis_clip.errors import NotReadyError
 from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
-from themis_clip.migration import MigrationControl
+from themis_clip.migration import MigrationControl, MigrationState
 from themis_clip.ocr import OCREngine
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.errors import APIError
@@ -110,12 +110,15 @@ class MigrationJob:
     task: asyncio.Task[None] | None = None
     #: cancel discards the shadow; a server shutdown stops the run and keeps it
     discard: bool = False
+    #: items written or deleted after the cut-over that a rollback did not bring back
+    lost_by_rollback: int | None = None
 
     def status(self, *, private: bool = True) -> dict[str, Any]:
         """State, counts, rate and ETA; ``private`` adds the keys that cannot be re-embedded
         and the error message (else their count and a flag)."""
         p = self.control.snapshot()
         listed = [{"id": k, "reason": r} for k, r in p.missing[:_LISTED]]
+        running = p.state is MigrationState.RUNNING  # an ETA only while it moves
         return {
             "state": str(p.state),
             "model_id": p.model_id,
@@ -123,11 +126,12 @@ class MigrationJob:
             "total": p.total,
             "embedded": p.embedded,
             "items_per_s": round(p.items_per_s, 2),
-            "eta_s": round(p.eta_s, 1) if p.eta_s is not None else None,
+            "eta_s": round(p.eta_s, 1) if p.eta_s is not None and running else None,
             "from_previews": p.from_previews,
             "missing": listed if private else len(p.missing),
             "error": p.error if private else p.error is not None,
             "cut_over": "auto" if self.auto_cut_over else "command",
+            "lost_by_rollback": self.lost_by_rollback,
         }
 
 

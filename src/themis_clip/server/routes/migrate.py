@@ -30,6 +30,7 @@ from themis_clip.migration import (
     MigrationControl,
     MigrationReport,
     MigrationState,
+    RollbackReport,
     migrate_index,
     rollback,
     shadow_path,
@@ -92,7 +93,15 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
         embedding_dim=None,
     )
     config = replace(serving, model=model, allow_embedding_space_change=True)
-    cores = body.cores or max(0.5, (os.cpu_count() or 2) / 4)
+    here = os.cpu_count() or 1
+    if body.cores is not None and body.cores > here:
+        # More threads than cores only slow serving down (1024 of them stalled a 2-core server).
+        raise APIError(
+            422,
+            "ValidationError",
+            f"cores must be at most {here} (this machine's), got {body.cores:g}",
+        )
+    cores = body.cores or max(0.5, here / 4)
     threads = math.ceil(cores)
     migrator = OnnxClipPlugin(lazy_textual=True)
     share = replace(config, intra_op_threads=threads, preprocess_workers=threads)
@@ -143,7 +152,7 @@ async def cancel(state: StateDep) -> dict[str, Any]:
     """Stop the migration and delete its shadow (a pause keeps it)."""
     job = _job(state)
     current = job.control.state
-    if current not in _BUSY or current is MigrationState.CUTTING_OVER:
+    if current not in (*_BUSY, MigrationState.FAILED) or current is MigrationState.CUTTING_OVER:
         raise APIError(409, "MigrationState", f"the migration is {current}: nothing to cancel")
     job.discard = True
     job.control.cancel()
@@ -178,13 +187,23 @@ async def roll_back(state: StateDep) -> dict[str, Any]:
             409, "MigrationState", f"the migration is {job.control.state}: nothing to roll back"
         )
     path = _index_path(state)
+    reports: list[RollbackReport] = []
     ok, error = await _switch(
-        state, job.previous, lambda: _replace_index(state, lambda: rollback(path))
+        state,
+        job.previous,
+        lambda: _replace_index(state, lambda: reports.append(rollback(path))),
     )
     if not ok:
         raise APIError(409, "RollbackFailed", error or "rollback failed")
     job.control.set_state(MigrationState.ROLLED_BACK)
-    log.info("migration to %s rolled back", job.control.model_id)
+    job.lost_by_rollback = reports[-1].written_since
+    log.log(
+        logging.WARNING if job.lost_by_rollback else logging.INFO,
+        "migration to %s rolled back; %d item(s) written or deleted after the cut-over are "
+        "not in the restored index",
+        job.control.model_id,
+        job.lost_by_rollback,
+    )
     return state.migration_status()
 
 

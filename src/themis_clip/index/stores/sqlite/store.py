@@ -240,7 +240,10 @@ class SQLiteStore:
         """One atomic write: committed whole, or rolled back whole."""
         if self.readonly:
             raise SearchIndexError(f"index {self.path} is open read-only")
-        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise SearchIndexError(f"cannot write index {self.path}: {exc}") from exc
         self._writing_thread = threading.get_ident()
         try:
             yield self._db
@@ -248,12 +251,16 @@ class SQLiteStore:
                 "INSERT INTO meta(key, value) VALUES('write_version', '1') ON CONFLICT(key) "
                 "DO UPDATE SET value = CAST(value AS INTEGER) + 1"
             )
-        except BaseException:
+            self._db.execute("COMMIT")
+        except BaseException as exc:
             self._writing_thread = None
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError):
+                # A full disk, an I/O error, a lock held too long: the store's own error.
+                raise SearchIndexError(f"cannot write index {self.path}: {exc}") from exc
             raise
         self._writing_thread = None
-        self._db.execute("COMMIT")
 
     # -- meta ----------------------------------------------------------------------------------
 
