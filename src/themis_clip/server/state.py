@@ -170,7 +170,8 @@ class AppState:
         return identity
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """The app's state (``async``: a plain function would run in a worker thread)."""
     state: AppState = request.app.state.themis
     return state
 
