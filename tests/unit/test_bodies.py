@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
@@ -177,6 +177,29 @@ def test_a_malformed_form_is_a_400_naming_the_problem(
     error = refused(body, "multipart/form-data" + ("; boundary=x" if content_type else ""))
     assert (error.status, error.error_type) == (400, "BadForm")
     assert named in error.message
+
+
+def test_a_large_form_is_parsed_in_a_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed_in: list[str] = []
+    parse = bodies.parse_form
+
+    def spy(body: bytes, content_type: str) -> bodies.Form:
+        parsed_in.append(threading.current_thread().name)
+        return parse(body, content_type)
+
+    monkeypatch.setattr(bodies, "parse_form", spy)
+    app = FastAPI()
+
+    @app.post("/form")
+    async def form(request: Request) -> dict[str, Any]:
+        parts = await bodies.read_form(request)
+        return {"n": len(parts["f"][0].data), "loop": threading.current_thread().name}
+
+    with TestClient(app) as c:
+        small = c.post("/form", files={"f": ("a", b"x")}).json()
+        large = c.post("/form", files={"f": ("a", b"x" * OFF_LOOP_BYTES)}).json()
+    assert small["n"] == 1 and parsed_in[0] == small["loop"]  # on the loop: microseconds
+    assert large["n"] == OFF_LOOP_BYTES and parsed_in[1] != large["loop"]
 
 
 def test_what_is_not_a_form_or_not_text_is_refused_by_name() -> None:
