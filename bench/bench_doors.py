@@ -15,7 +15,7 @@ the clients, on the same cores, spend the same on every door.
 ViT-B/32 sizes, so the fixed cost of a request is seen against real model time).
 
 Usage: PYTHONPATH=src .venv/bin/python bench/bench_doors.py [--seconds 2] [--rounds 5]
-       [--model bench/models/hf-vit-b-32] [--workloads text image]
+       [--model bench/models/hf-vit-b-32] [--workloads text image] [--clients 8]
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ sys.path.insert(0, str(HERE.parent))
 from tests.helpers import ServerProcess, photo_like
 from themis_clip import demo_model_path
 
-CLIENTS = 8
 REFERENCE = "/v1/embeddings"
 TEXT = "a red circle on the left"
 
@@ -121,11 +120,13 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def throughput(base: str, pid: int, send: Request, seconds: float) -> tuple[float, float]:
-    """Requests/s of CLIENTS clients, each sending one request after another, and the server's
+async def throughput(
+    base: str, pid: int, send: Request, seconds: float, clients: int
+) -> tuple[float, float]:
+    """Requests/s of ``clients`` clients, each sending one request after another, and the server's
     CPU milliseconds per request (what the door costs, whatever else loads the machine)."""
     done = 0
-    limits = httpx.Limits(max_connections=CLIENTS, max_keepalive_connections=CLIENTS)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
         for _ in range(2):  # warm connections and paths
             (await send(client)).raise_for_status()
@@ -139,7 +140,7 @@ async def throughput(base: str, pid: int, send: Request, seconds: float) -> tupl
                 done += 1
 
         start, cpu = time.perf_counter(), cpu_s(pid)
-        await asyncio.gather(*(one() for _ in range(CLIENTS)))
+        await asyncio.gather(*(one() for _ in range(clients)))
         rate = done / (time.perf_counter() - start)
         return rate, (cpu_s(pid) - cpu) * 1e3 / max(done, 1)
 
@@ -148,6 +149,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--clients", type=int, default=8, help="1: no batching, the fixed cost alone")
     p.add_argument("--model", default=str(demo_model_path()), help="model folder (the demo's)")
     p.add_argument("--workloads", nargs="+", default=["text", "image"], choices=["text", "image"])
     args = p.parse_args()
@@ -170,7 +172,9 @@ def main() -> None:
                     pair = [REFERENCE, door]
                     rng.shuffle(pair)
                     got = {
-                        d: asyncio.run(throughput(s.base, pid, table[d][workload], args.seconds))
+                        d: asyncio.run(
+                            throughput(s.base, pid, table[d][workload], args.seconds, args.clients)
+                        )
                         for d in pair
                     }
                     for d, (rate, ms) in got.items():
@@ -179,7 +183,7 @@ def main() -> None:
                     ratios[door].append(got[door][0] / got[REFERENCE][0])
                     cpu_ratios[door].append(got[door][1] / got[REFERENCE][1])
             med = statistics.median
-            print(f"\n{workload}: {CLIENTS} clients, {args.rounds} rounds x {args.seconds} s")
+            print(f"\n{workload}: {args.clients} clients, {args.rounds} rounds x {args.seconds} s")
             print(
                 f"{'door':<20} {'req/s':>7} {'ratio':>6} {'range':>10}"
                 f" {'server CPU ms/req':>18} {'ratio':>6} {'range':>10}"
