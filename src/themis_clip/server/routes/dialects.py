@@ -38,7 +38,6 @@ from themis_clip.server.routes.embeddings import (
     MAX_INPUTS,
     is_image_url,
     require_model,
-    served_model_names,
     takes_language,
 )
 from themis_clip.server.schemas import ContentPart, answer
@@ -230,10 +229,8 @@ async def predict(request: Request, state: StateDep) -> dict[str, Any]:
 def _require_immich_model(name: str, state: AppState) -> None:
     """immich names its models ``ViT-B-32__openai`` (or ``immich-app/ViT-B-32__openai``): a
     vector of another model would be silently incomparable with those immich stored."""
-    plugin = state.require_ready()
-    served = served_model_names(plugin)  # reads the manifest: once per request
-    if not {name, name.removeprefix("immich-app/"), f"immich-app/{name}"} & served:
-        require_model(name, plugin)  # the 404 naming what is served
+    bare = name.removeprefix("immich-app/")
+    require_model(name, state.require_ready(), (bare, f"immich-app/{bare}"))
 
 
 # Ollama ------------------------------------------------------------------------------------

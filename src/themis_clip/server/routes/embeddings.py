@@ -73,9 +73,13 @@ def takes_language(plugin: OnnxClipPlugin) -> bool:
     return spec is not None and spec.text.takes_language
 
 
-def require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
-    """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve."""
-    if model is None or model in served_model_names(plugin):
+def require_model(model: str | None, plugin: OnnxClipPlugin, aliases: tuple[str, ...] = ()) -> None:
+    """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve,
+    by ``model`` or any of ``aliases`` (the served names are read once: a manifest read)."""
+    if model is None:
+        return
+    served = served_model_names(plugin)
+    if model in served or not served.isdisjoint(aliases):
         return
     identity = plugin.model_identity
     assert identity is not None
