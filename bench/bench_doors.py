@@ -11,11 +11,14 @@ server, which other load on the machine disturbs far less than throughput). The 
 throughput ratio >= 0.95 and a CPU ratio <= 1.05. Each request body is encoded once, so that
 the clients, on the same cores, spend the same on every door.
 
-``--model`` serves another model folder instead (``bench/make_models.py hf-vit-b-32``: real
-ViT-B/32 sizes, so the fixed cost of a request is seen against real model time).
+``--fixed N`` first prints each door's fixed cost: the server CPU per request of a request
+naming a model the server does not serve (a 404 after the parse, no model run, no batching;
+N rounds, see :func:`fixed_costs`). ``--model`` serves another model folder instead
+(``bench/make_models.py hf-vit-b-32``: real ViT-B/32 sizes, so the fixed cost of a request is
+seen against real model time).
 
 Usage: PYTHONPATH=src .venv/bin/python bench/bench_doors.py [--seconds 2] [--rounds 5]
-       [--model bench/models/hf-vit-b-32] [--workloads text image] [--clients 8]
+       [--model bench/models/hf-vit-b-32] [--workloads text image] [--clients 8] [--fixed 8]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import asyncio
 import base64
 import io
 import json
+import math
 import os
 import random
 import statistics
@@ -145,13 +149,51 @@ async def throughput(
         return rate, (cpu_s(pid) - cpu) * 1e3 / max(done, 1)
 
 
+def fixed_costs(base: str, pid: int, image: bytes, rounds: int) -> None:
+    """Each door's text request naming a model the server does not serve: a 404 once the body
+    is parsed and the name checked, so no model runs and no batch forms. The server's CPU per
+    request, one client, 100 requests a block, each door paired with ``/v1/embeddings`` in a
+    random order: what a door costs beyond the model, in units a loaded machine blurs less."""
+    table = {d: w["text"] for d, w in doors("not-served", image).items()}
+    rng = random.Random(1)
+
+    async def block(send: Request) -> float:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            if (await send(client)).status_code != 404:
+                return math.nan  # a door without a model name (TEI)
+            cpu = cpu_s(pid)
+            for _ in range(100):
+                await send(client)
+            return (cpu_s(pid) - cpu) * 1e3 / 100
+
+    ms: dict[str, list[float]] = {d: [] for d in table}
+    ratios: dict[str, list[float]] = {d: [] for d in table}
+    for _ in range(rounds):
+        for door in (d for d in table if d != REFERENCE):
+            pair = [REFERENCE, door]
+            rng.shuffle(pair)
+            got = {d: asyncio.run(block(table[d])) for d in pair}
+            for d, v in got.items():
+                ms[d].append(v)
+            ratios[door].append(got[door] / got[REFERENCE])
+    med = statistics.median
+    print(f"\nfixed cost (404: model not served), text, 1 client, {rounds} rounds x 100 requests")
+    print(f"{'door':<20} {'server CPU ms/req':>18} {'ratio':>6} {'range':>10}")
+    for door, values in ms.items():
+        if math.isnan(values[0]):
+            continue
+        r = ratios[door] or [1.0]
+        print(f"{door:<20} {med(values):18.2f} {med(r):6.2f} {min(r):4.2f}-{max(r):4.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--clients", type=int, default=8, help="1: no batching, the fixed cost alone")
+    p.add_argument("--clients", type=int, default=8, help="1: no batching")
+    p.add_argument("--fixed", type=int, default=0, help="rounds of the fixed-cost table")
     p.add_argument("--model", default=str(demo_model_path()), help="model folder (the demo's)")
-    p.add_argument("--workloads", nargs="+", default=["text", "image"], choices=["text", "image"])
+    p.add_argument("--workloads", nargs="*", default=["text", "image"], choices=["text", "image"])
     args = p.parse_args()
     image = jpeg()
     with ServerProcess(["--model", args.model, "--max-queue-delay-ms", "2"]) as s:
@@ -160,6 +202,8 @@ def main() -> None:
         rng = random.Random(0)
         pid = s.proc.pid
         print(f"model: {model}")
+        if args.fixed:
+            fixed_costs(s.base, pid, image, args.fixed)
         for workload in args.workloads:
             rates: dict[str, list[float]] = {d: [] for d in table}
             cpu: dict[str, list[float]] = {d: [] for d in table}
