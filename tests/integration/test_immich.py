@@ -264,6 +264,17 @@ def test_other_tasks_and_bad_requests_get_clear_errors(server: ServerProcess) ->
     assert "image: given more than once" in error(r, 422, "ValidationError")
     r = httpx.post(f"{server.base}/predict", json={"entries": visual_entries()}, timeout=30)
     error(r, 415, "UnsupportedMediaType")
+    # a part over the form's limits is named, whichever it is
+    long = "a dog " * (1 << 18)  # 1.5 MiB: over a form field's 1 MiB
+    message = error(predict_text(server.base, long), 413, "PayloadTooLarge")
+    assert message.startswith("text: a form field over 1048576 bytes"), message
+    message = error(
+        predict_text(server.base, "a dog", textual_entries() + long), 413, "PayloadTooLarge"
+    )
+    assert message.startswith("entries: "), message
+    latin1 = {"entries": (None, textual_entries()), "text": (None, "caf\xe9".encode("latin-1"))}
+    r = httpx.post(f"{server.base}/predict", files=latin1)
+    assert error(r, 422, "ValidationError").startswith("text: not valid UTF-8")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""JSON request bodies: one parser (orjson) with named refusals, large bodies off the loop."""
+"""Request bodies: JSON (orjson) and forms (python-multipart), with named refusals, large
+bodies off the loop."""
 
 from __future__ import annotations
 
@@ -6,13 +7,24 @@ import json
 import threading
 from typing import Annotated, Any
 
+import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from themis_clip.server import bodies
-from themis_clip.server.bodies import OFF_LOOP_BYTES, documented, json_body, parse_json
+from themis_clip.server.bodies import (
+    MAX_FORM_FIELD_BYTES,
+    MAX_FORM_FIELDS,
+    MAX_FORM_FILES,
+    OFF_LOOP_BYTES,
+    FormPart,
+    documented,
+    json_body,
+    parse_form,
+    parse_json,
+)
 from themis_clip.server.errors import APIError
 
 
@@ -90,3 +102,110 @@ def test_the_model_refuses_by_field_and_the_schema_shows_in_openapi() -> None:
         schema = c.get("/openapi.json").json()["paths"]["/items"]["post"]["requestBody"]
     body = schema["content"]["application/json"]["schema"]
     assert body["properties"]["items"]["items"]["properties"]["name"]["type"] == "string"
+
+
+# Forms --------------------------------------------------------------------------------------
+
+
+def encoded(**kw: Any) -> tuple[bytes, str]:
+    """A form body and its Content-Type as httpx (an independent encoder) sends them."""
+    request = httpx.Request("POST", "http://x/", **kw)
+    return request.read(), request.headers["content-type"]
+
+
+def refused(body: bytes, content_type: str) -> APIError:
+    with pytest.raises(APIError) as caught:
+        parse_form(body, content_type)
+    return caught.value
+
+
+def test_a_form_reads_as_its_encoder_wrote_it() -> None:
+    fields = [("entries", (None, '{"clip": {}}')), ("text", (None, "été 🌅\r\n"))]
+    files = [("image", ("blob", b"\x00\xff" * 500, "image/jpeg")), ("text", ("été.txt", b"x"))]
+    form = parse_form(*encoded(files=[*fields, *files]))
+    assert form["entries"] == [FormPart(name="entries", data=b'{"clip": {}}')]
+    assert [p.text() for p in form["text"]] == ["été 🌅\r\n", "x"]  # order kept
+    assert [p.filename for p in form["text"]] == [None, "été.txt"]
+    assert form["image"] == [FormPart(name="image", data=b"\x00\xff" * 500, filename="blob")]
+    urlencoded = parse_form(*encoded(data={"a": "1 + é&=", "b": ["", "two"]}))
+    assert urlencoded["a"][0].text() == "1 + é&=" and urlencoded["a"][0].filename is None
+    assert [p.text() for p in urlencoded["b"]] == ["", "two"]
+    assert parse_form(b"", "multipart/form-data; boundary=x") == {}  # the route names the part
+
+
+@pytest.mark.parametrize("kind", ["multipart", "urlencoded"])
+def test_a_field_over_the_limit_is_a_413_naming_it(kind: str) -> None:
+    at_limit = "a" * MAX_FORM_FIELD_BYTES
+    over = at_limit + "a"
+    if kind == "multipart":
+        assert parse_form(*encoded(files={"text": (None, at_limit)}))["text"][0].data
+        body, content_type = encoded(files={"entries": (None, "{}"), "text": (None, over)})
+    else:
+        assert parse_form(*encoded(data={"text": at_limit}))["text"][0].data
+        body, content_type = encoded(data={"entries": "{}", "text": over})
+    error = refused(body, content_type)
+    assert (error.status, error.error_type) == (413, "PayloadTooLarge")
+    assert error.message.startswith("text: a form field over 1048576 bytes")
+    # a file part is bounded by the body's limit only
+    big = parse_form(*encoded(files={"image": ("blob", over.encode())}))
+    assert len(big["image"][0].data) == MAX_FORM_FIELD_BYTES + 1
+
+
+def test_too_many_parts_are_a_413() -> None:
+    fields = [(f"f{i}", (None, "x")) for i in range(MAX_FORM_FIELDS + 1)]
+    files = [(f"f{i}", ("n", b"x")) for i in range(MAX_FORM_FILES + 1)]
+    assert len(parse_form(*encoded(files=fields[:-1]))) == MAX_FORM_FIELDS
+    assert "1000 fields" in refused(*encoded(files=fields)).message
+    assert "1000 files" in refused(*encoded(files=files)).message
+    urlencoded = refused(*encoded(data={f"f{i}": "x" for i in range(MAX_FORM_FIELDS + 1)}))
+    assert urlencoded.status == 413 and "1000 fields" in urlencoded.message
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "named"),
+    [
+        (b"--x\r\nContent-Disposition: form-data\r\n\r\nv\r\n--x--\r\n", "b", "Field name"),
+        (b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\nv\r\n', "b", "closing"),
+        (b"not a form", "b", "boundary character"),
+        (b"--x--\r\n", "", "needs a boundary"),
+    ],
+    ids=["no-name", "cut", "garbage", "no-boundary"],
+)
+def test_a_malformed_form_is_a_400_naming_the_problem(
+    body: bytes, content_type: str, named: str
+) -> None:
+    error = refused(body, "multipart/form-data" + ("; boundary=x" if content_type else ""))
+    assert (error.status, error.error_type) == (400, "BadForm")
+    assert named in error.message
+
+
+def test_a_large_form_is_parsed_in_a_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed_in: list[str] = []
+    parse = bodies.parse_form
+
+    def spy(body: bytes, content_type: str) -> bodies.Form:
+        parsed_in.append(threading.current_thread().name)
+        return parse(body, content_type)
+
+    monkeypatch.setattr(bodies, "parse_form", spy)
+    app = FastAPI()
+
+    @app.post("/form")
+    async def form(request: Request) -> dict[str, Any]:
+        parts = await bodies.read_form(request)
+        return {"n": len(parts["f"][0].data), "loop": threading.current_thread().name}
+
+    with TestClient(app) as c:
+        small = c.post("/form", files={"f": ("a", b"x")}).json()
+        large = c.post("/form", files={"f": ("a", b"x" * OFF_LOOP_BYTES)}).json()
+    assert small["n"] == 1 and parsed_in[0] == small["loop"]  # on the loop: microseconds
+    assert large["n"] == OFF_LOOP_BYTES and parsed_in[1] != large["loop"]
+
+
+def test_what_is_not_a_form_or_not_text_is_refused_by_name() -> None:
+    error = refused(b"{}", "application/json")
+    assert (error.status, error.error_type) == (415, "UnsupportedMediaType")
+    assert "'application/json'" in error.message
+    with pytest.raises(APIError) as caught:
+        FormPart(name="text", data=b"caf\xe9").text()  # latin-1, not UTF-8
+    assert caught.value.status == 422 and caught.value.message.startswith("text: not valid UTF-8")

@@ -32,6 +32,7 @@ SINGLE_HOMES = {
     "rawpy": "themis_clip.preprocess.raw",
     "usearch": "themis_clip.index.ann",
     "ftfy": "themis_clip.preprocess.text",
+    "python_multipart": "themis_clip.server.bodies",
 }
 
 

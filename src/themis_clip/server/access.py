@@ -55,12 +55,15 @@ _OPEN = Principal(
 )
 
 
-def authorize(
+async def authorize(
     security_scopes: SecurityScopes,
     request: Request,
     _credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
 ) -> Principal:
-    """The principal :class:`Authenticate` recorded, if it holds the scopes declared."""
+    """The principal :class:`Authenticate` recorded, if it holds the scopes declared.
+
+    This and the markers below are ``async``: FastAPI runs a plain function dependency in a
+    worker thread, a thread hop per request for nothing that blocks."""
     principal = request.scope.get(_PRINCIPAL)
     if not isinstance(principal, Principal):
         raise APIError(401, "Unauthorized", "not authenticated", {"WWW-Authenticate": "Bearer"})
@@ -70,11 +73,11 @@ def authorize(
     return principal
 
 
-def public() -> None:
+async def public() -> None:
     """Marks a route that needs no key (health, readiness, the page and its assets)."""
 
 
-def by_network() -> None:
+async def by_network() -> None:
     """Marks a route that admits, without a key, requests from the allowed networks."""
 
 

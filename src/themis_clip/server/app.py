@@ -160,11 +160,11 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
     )
     app.openapi = docs.markdown_openapi(app)  # type: ignore[method-assign]
     app.state.themis = state
-    routers = [
-        m.router
-        for m in (ops, embeddings, search, classify, admin, migrate, docs, duplicates, dialects)
-    ]
-    routers += [ops.public, search.writes, dialects.public, dialects.immich]
+    # Requests are matched against the routes in this order, each router in turn: the
+    # embedding routes, the ones called per photo or per query, come first.
+    routers = [embeddings.router, dialects.immich, dialects.router]
+    routers += [m.router for m in (ops, search, classify, admin, migrate, docs, duplicates)]
+    routers += [ops.public, search.writes, dialects.public]
     for router in routers:
         app.include_router(router)
     # Outermost last: FinishBody > Observe > TrustedHosts > StrictFraming > Authenticate >

@@ -1,25 +1,49 @@
-"""JSON request bodies: parsed once with orjson, validated by the route's pydantic model.
+"""Request bodies, parsed once from the bytes the request guard has read: JSON with orjson,
+forms with python-multipart.
 
-The one home of orjson. It reads RFC 8259 JSON: valid UTF-8, no ``NaN`` or ``Infinity``, at
-most 1,024 levels deep (400 ``BadJSON`` naming the problem otherwise); a repeated key keeps its
-last value and an integer beyond 64 bits becomes a float, as in JavaScript. Routes declare
-their body with :func:`json_body` (FastAPI would parse it a second time with the standard
-library, on the event loop) and show it in ``/docs`` with :func:`documented`.
+The one home of orjson and of python-multipart. JSON is read as RFC 8259: valid UTF-8, no
+``NaN`` or ``Infinity``, at most 1,024 levels deep (400 ``BadJSON`` naming the problem
+otherwise); a repeated key keeps its last value and an integer beyond 64 bits becomes a float,
+as in JavaScript. Routes declare their body with :func:`json_body` (FastAPI would parse it a
+second time with the standard library, on the event loop) and show it in ``/docs`` with
+:func:`documented`. Forms (``multipart/form-data`` or urlencoded) are read with
+:func:`read_form`: held in memory (the body already is), never spooled to disk, under
+Starlette's limits, with errors that name the part.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import urllib.parse
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from python_multipart import FormParser
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import Field, File, parse_options_header
 
 from themis_clip.server.errors import APIError
 
-__all__ = ["OFF_LOOP_BYTES", "documented", "json_body", "json_text", "parse_json", "read_model"]
+__all__ = [
+    "MAX_FORM_FIELDS",
+    "MAX_FORM_FIELD_BYTES",
+    "MAX_FORM_FILES",
+    "OFF_LOOP_BYTES",
+    "Form",
+    "FormPart",
+    "documented",
+    "json_body",
+    "json_text",
+    "parse_form",
+    "parse_json",
+    "read_form",
+    "read_model",
+]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -120,3 +144,157 @@ def documented(model: type[BaseModel]) -> dict[str, Any]:
 
     content = {"application/json": {"schema": inline(schema)}}
     return {"requestBody": {"required": True, "content": content}}
+
+
+#: a form's limits, Starlette's: a field (a part without a file name) holds at most
+#: MAX_FORM_FIELD_BYTES, a form at most MAX_FORM_FIELDS fields and MAX_FORM_FILES files; a
+#: file part is bounded by the body's own limit.
+MAX_FORM_FIELD_BYTES = 1 << 20
+MAX_FORM_FIELDS = 1000
+MAX_FORM_FILES = 1000
+
+_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormPart:
+    """One part of a form: a field, or a file when it came with a file name."""
+
+    name: str
+    data: bytes
+    filename: str | None = None
+
+    def text(self) -> str:
+        """The part as UTF-8 text.
+
+        Raises:
+            APIError: 422 naming the part when it is not UTF-8.
+        """
+        try:
+            return self.data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise APIError(
+                422,
+                "ValidationError",
+                f"{_shown(self.name)}: not valid UTF-8 (byte {exc.start})",
+            ) from None
+
+
+#: a form's parts by name, each name's in the order sent
+Form = dict[str, list[FormPart]]
+
+
+def _shown(name: str) -> str:
+    return name[:64] if name.isprintable() else repr(name[:64])
+
+
+def _field_too_large(name: str) -> APIError:
+    return APIError(
+        413,
+        "PayloadTooLarge",
+        f"{_shown(name)}: a form field over {MAX_FORM_FIELD_BYTES} bytes "
+        "(send large data as a file part, with a file name)",
+    )
+
+
+def _bad_form(problem: str) -> APIError:
+    return APIError(400, "BadForm", f"request body is not a valid form: {problem}")
+
+
+def parse_form(body: bytes, content_type: str) -> Form:
+    """The form in ``body``, whose ``Content-Type`` header is ``content_type``.
+
+    Raises:
+        APIError: 415 for a body that is not a form; 400 ``BadForm`` naming what is malformed;
+            413 ``PayloadTooLarge`` naming a field over :data:`MAX_FORM_FIELD_BYTES`, or for
+            a form of too many parts.
+    """
+    media, options = parse_options_header(content_type)
+    if media.decode("latin-1") not in _FORM_TYPES:
+        shown = repr(media.decode("latin-1")[:60]) if media else "none"
+        raise APIError(
+            415,
+            "UnsupportedMediaType",
+            f"this route takes a form body (multipart/form-data); the request's Content-Type "
+            f"is {shown}",
+        )
+    form: Form = {}
+    if media == b"application/x-www-form-urlencoded":
+        try:  # latin-1 both ways keeps the bytes as sent; FormPart.text reads them as UTF-8
+            pairs = urllib.parse.parse_qsl(
+                body.decode("latin-1"),
+                keep_blank_values=True,
+                encoding="latin-1",
+                max_num_fields=MAX_FORM_FIELDS,
+            )
+        except ValueError:
+            raise APIError(
+                413, "PayloadTooLarge", f"a form of more than {MAX_FORM_FIELDS} fields"
+            ) from None
+        for name, value in pairs:
+            if len(value) > MAX_FORM_FIELD_BYTES:
+                raise _field_too_large(name)
+            form.setdefault(name, []).append(FormPart(name=name, data=value.encode("latin-1")))
+        return form
+    boundary = options.get(b"boundary")
+    if not body:  # no parts: the route names the part it needs
+        return form
+    if not boundary:
+        raise _bad_form("multipart/form-data needs a boundary parameter in its Content-Type")
+    counts = {"fields": 0, "files": 0}
+    ended = False
+
+    def on_part(part: Field | File) -> None:
+        name = (part.field_name or b"").decode("utf-8", "replace")
+        if isinstance(part, File):
+            counts["files"] += 1
+            if counts["files"] > MAX_FORM_FILES:
+                raise APIError(
+                    413, "PayloadTooLarge", f"a form of more than {MAX_FORM_FILES} files"
+                )
+            stream = part.file_object
+            assert isinstance(stream, io.BytesIO)  # kept in memory: MAX_MEMORY_FILE_SIZE
+            filename = (part.file_name or b"").decode("utf-8", "replace")
+            found = FormPart(name=name, data=stream.getvalue(), filename=filename)
+        else:
+            counts["fields"] += 1
+            if counts["fields"] > MAX_FORM_FIELDS:
+                raise APIError(
+                    413, "PayloadTooLarge", f"a form of more than {MAX_FORM_FIELDS} fields"
+                )
+            data = part.value or b""
+            if len(data) > MAX_FORM_FIELD_BYTES:
+                raise _field_too_large(name)
+            found = FormPart(name=name, data=data)
+        form.setdefault(name, []).append(found)
+
+    def on_end() -> None:
+        nonlocal ended
+        ended = True
+
+    try:
+        parser = FormParser(
+            "multipart/form-data",
+            on_part,
+            on_part,
+            on_end=on_end,
+            boundary=boundary,
+            config={"MAX_MEMORY_FILE_SIZE": float("inf")},  # the body is in memory already
+        )
+        parser.write(body)
+        parser.finalize()
+    except FormParserError as exc:
+        raise _bad_form(str(exc)) from None
+    if not ended:
+        raise _bad_form("the body ends before the closing boundary")
+    return form
+
+
+async def read_form(request: Request) -> Form:
+    """The request's form body (see :func:`parse_form`); large bodies are parsed in a worker
+    thread, small ones on the event loop (a thread hop would cost more than the parse)."""
+    body = bytes(await request.body())
+    content_type = request.headers.get("content-type", "")
+    if len(body) < OFF_LOOP_BYTES:
+        return parse_form(body, content_type)
+    return await asyncio.to_thread(parse_form, body, content_type)

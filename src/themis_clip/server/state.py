@@ -285,7 +285,8 @@ class AppState:
         return identity
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """The app's state (``async``: a plain function would run in a worker thread)."""
     state: AppState = request.app.state.themis
     return state
 
@@ -294,7 +295,7 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 
 async def _hold_index(request: Request) -> AsyncIterator[None]:
-    async with get_state(request).gate.shared():
+    async with (await get_state(request)).gate.shared():
         yield
 
 

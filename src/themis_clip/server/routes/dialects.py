@@ -28,19 +28,16 @@ import numpy.typing as npt
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.datastructures import UploadFile
 
 from themis_clip.interface import EmbeddingResult
 from themis_clip.preprocess.image import image_dimensions
 from themis_clip.server.access import BY_NETWORK, PUBLIC, SEARCH
-from themis_clip.server.bodies import documented, json_body, json_text, parse_json
+from themis_clip.server.bodies import documented, json_body, json_text, parse_json, read_form
 from themis_clip.server.errors import APIError
-from themis_clip.server.payloads import check_text
 from themis_clip.server.routes.embeddings import (
     MAX_INPUTS,
     is_image_url,
     require_model,
-    served_model_names,
     takes_language,
 )
 from themis_clip.server.schemas import ContentPart, answer
@@ -192,20 +189,14 @@ async def ping() -> PlainTextResponse:
 async def predict(request: Request, state: StateDep) -> dict[str, Any]:
     """immich's ``/predict`` for the ``clip`` task: ``{"clip": "[...]"}`` (the vector as JSON
     text), with ``imageHeight`` and ``imageWidth`` for an image."""
-    media = request.headers.get("content-type", "").split(";")[0].strip()
-    if media not in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        raise APIError(
-            415, "UnsupportedMediaType", "immich's /predict takes a multipart/form-data body"
-        )
-    async with request.form() as form:  # closes the spooled upload
-        for field in ("entries", "image", "text"):
-            if len(form.getlist(field)) > 1:  # which one was meant is a guess: none is taken
-                raise APIError(422, "ValidationError", f"{field}: given more than once")
-        entries, image, text = form.get("entries"), form.get("image"), form.get("text")
-        data = await image.read() if isinstance(image, UploadFile) else None
-    if not isinstance(entries, str):
+    form = await read_form(request)
+    for field in ("entries", "image", "text"):
+        if len(form.get(field, ())) > 1:  # which one was meant is a guess: none is taken
+            raise APIError(422, "ValidationError", f"{field}: given more than once")
+    entries, image, text = (form.get(f, [None])[0] for f in ("entries", "image", "text"))
+    if entries is None or entries.filename is not None:
         raise APIError(422, "ValidationError", "entries: a form field with the JSON request")
-    name, kind, options = clip_entry(entries)
+    name, kind, options = clip_entry(entries.text())
     if image is not None and text is not None:
         raise APIError(
             422, "ValidationError", f"clip.{kind}: give an 'image' file or a 'text' field, not both"
@@ -213,8 +204,9 @@ async def predict(request: Request, state: StateDep) -> dict[str, Any]:
     plugin = state.require_ready()
     _require_immich_model(name, state)
     if kind == "visual":
-        if data is None:
+        if image is None or image.filename is None:
             raise APIError(422, "ValidationError", "clip.visual needs an 'image' file")
+        data = image.data
         (result,) = await state.embed_parts([Part(image=data)], where="image")
         size = image_dimensions(data) or (0, 0)
         return {
@@ -222,26 +214,23 @@ async def predict(request: Request, state: StateDep) -> dict[str, Any]:
             "imageHeight": size[1],
             "imageWidth": size[0],
         }
-    if not isinstance(text, str):
+    if text is None or text.filename is not None:
         raise APIError(422, "ValidationError", "clip.textual needs a 'text' field")
-    check_text(text, "text")
     language = options.get("language")
     flores = (
         flores_code(language)
         if isinstance(language, str) and language and takes_language(plugin)
         else None
     )
-    (result,) = await state.embed_parts([Part(text=text)], language=flores, where="text")
+    (result,) = await state.embed_parts([Part(text=text.text())], language=flores, where="text")
     return {"clip": json_text(_embedding(result))}
 
 
 def _require_immich_model(name: str, state: AppState) -> None:
     """immich names its models ``ViT-B-32__openai`` (or ``immich-app/ViT-B-32__openai``): a
     vector of another model would be silently incomparable with those immich stored."""
-    plugin = state.require_ready()
-    served = served_model_names(plugin)  # reads the manifest: once per request
-    if not {name, name.removeprefix("immich-app/"), f"immich-app/{name}"} & served:
-        require_model(name, plugin)  # the 404 naming what is served
+    bare = name.removeprefix("immich-app/")
+    require_model(name, state.require_ready(), (bare, f"immich-app/{bare}"))
 
 
 # Ollama ------------------------------------------------------------------------------------

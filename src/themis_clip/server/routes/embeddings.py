@@ -14,7 +14,7 @@ from themis_clip.files import open_regular
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import SEARCH
-from themis_clip.server.bodies import documented, json_body
+from themis_clip.server.bodies import documented, json_body, read_form
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import raise_for, vector
 from themis_clip.server.schemas import (
@@ -73,9 +73,13 @@ def takes_language(plugin: OnnxClipPlugin) -> bool:
     return spec is not None and spec.text.takes_language
 
 
-def require_model(model: str | None, plugin: OnnxClipPlugin) -> None:
-    """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve."""
-    if model is None or model in served_model_names(plugin):
+def require_model(model: str | None, plugin: OnnxClipPlugin, aliases: tuple[str, ...] = ()) -> None:
+    """404 ``model_not_found`` (OpenAI's error object) for a model this server does not serve,
+    by ``model`` or any of ``aliases`` (the served names are read once: a manifest read)."""
+    if model is None:
+        return
+    served = served_model_names(plugin)
+    if model in served or not served.isdisjoint(aliases):
         return
     identity = plugin.model_identity
     assert identity is not None
@@ -288,11 +292,12 @@ async def openai_embeddings(
 async def embed_image(request: Request, state: StateDep) -> dict[str, Any]:
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
-        form = await request.form()
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
+        upload = (await read_form(request)).get("file", [])
+        if len(upload) > 1:
+            raise APIError(422, "ValidationError", "file: given more than once")
+        if not upload or upload[0].filename is None:
             raise APIError(422, "ValidationError", "multipart body needs a 'file' field")
-        data = await upload.read()
+        data = upload[0].data
     else:
         data = await request.body()
     if not data:
