@@ -220,7 +220,7 @@ def test_a_second_index_of_the_same_index_says_one_is_running(
     with file_lock(Path(index + ".lock")):  # what a running `index` holds
         busy = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
     assert busy.returncode == 2, busy.stderr
-    assert "another `themis-clip index` is updating" in busy.stderr
+    assert "another `themis-clip index` or `migrate` is updating" in busy.stderr
     assert not Path(index).exists()  # it touched nothing
     done = run("index", str(images), "--index", index, "--model", str(tiny_model_dir))
     assert done.returncode == 0 and "2 added" in done.stdout, done.stderr

@@ -107,6 +107,39 @@ def test_a_migrated_index_answers_as_one_built_with_the_new_model_and_rolls_back
     assert "0 embedded now" in capsys.readouterr().out
     assert _answers(index, tiny_model_dir_b, probe) == migrated
 
+    # and back again: the read-only searches between left SQLite's side files beside the
+    # index and the kept one; a rollback neither counts them as kept indexes nor refuses
+    assert main(["migrate", "--index", str(index), "--rollback"]) == 0
+    assert _answers(index, tiny_model_dir, probe) == old
+    assert sorted(p.name for p in tmp_path.glob("photos.db.before-*")) == []
+    capsys.readouterr()
+    assert main(["migrate", "--index", str(index), "--rollback"]) == 2
+    assert "nothing to roll back" in capsys.readouterr().err
+
+
+def test_one_migration_of_an_index_to_a_model_at_a_time(
+    library: tuple[Path, Path], tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    from themis_clip.errors import SearchIndexError
+    from themis_clip.files import file_lock
+
+    index = _copy(library, tmp_path)
+    plugin = make_plugin(tiny_model_dir_b)
+    try:
+        identity = plugin.model_identity
+        assert identity is not None
+        shadow = shadow_path(index, identity.model_id)
+        with (
+            file_lock(Path(f"{shadow}.lock")),  # another migrator (a server's) at work
+            pytest.raises(SearchIndexError, match="another migration of this index"),
+        ):
+            migrate_index(index, plugin, identity)
+        report = migrate_index(index, plugin, identity)  # once it is gone, this one runs
+        assert report.before is not None and report.embedded == ITEMS
+        assert not Path(f"{shadow}.lock").exists()
+    finally:
+        plugin.shutdown()
+
 
 def _model_id(model: Path) -> str:
     plugin = make_plugin(model)

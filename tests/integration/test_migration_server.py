@@ -25,6 +25,7 @@ from PIL import Image
 from tests.helpers import ServerProcess, make_plugin, photo_like
 from themis_clip import ModelConfig, PluginConfig
 from themis_clip.collection import Collection
+from themis_clip.files import file_lock
 from themis_clip.index.search import VectorIndex
 from themis_clip.migration import before_path, shadow_path
 
@@ -261,6 +262,7 @@ def test_a_migration_under_load_loses_nothing_and_answers_from_one_model_and_its
         rolled = c.post("/admin/migrate/rollback", headers=ADMIN)
         assert rolled.status_code == 200, rolled.text
         assert rolled.json()["state"] == "rolled-back"
+        assert isinstance(rolled.json()["lost_by_rollback"], int)
         config = PluginConfig(model=ModelConfig(path=str(models / "a")))
         with Collection.open(before, config, readonly=True) as reference:
             for text in TEXTS:
@@ -332,6 +334,22 @@ def test_migrate_refuses_what_it_cannot_do(models: Path, index: Path) -> None:
         assert r.status_code == 422
         assert c.post("/admin/migrate/pause", headers=ADMIN).status_code == 404
         assert c.post("/admin/migrate", json={"path": "b"}).status_code == 401
+        too_many = (os.cpu_count() or 1) + 1
+        r = c.post("/admin/migrate", json={"path": "b", "cores": too_many}, headers=ADMIN)
+        assert r.status_code == 422 and "cores must be at most" in r.text
+
+        # another migrator holds the shadow (a CLI run): the server's run fails, saying so;
+        # a failed migration can be cancelled, which deletes what it left
+        shadow = shadow_path(index, _model_id(models / "b"))
+        with file_lock(Path(f"{shadow}.lock")):
+            r = c.post("/admin/migrate", json={"path": "b", "cores": 1}, headers=ADMIN)
+            assert r.status_code == 202, r.text
+            failed = _wait(c, ("failed",))
+            assert "another migration of this index" in failed["error"]
+        cancelled = c.post("/admin/migrate/cancel", headers=ADMIN)
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        r = c.post("/admin/migrate/pause", headers=ADMIN)
+        assert r.status_code == 409 and "nothing to pause" in r.text
 
         body = {"path": "b", "cores": 1, "cut_over": "command"}
         assert c.post("/admin/migrate", json=body, headers=ADMIN).status_code == 202

@@ -476,3 +476,18 @@ def test_writing_to_a_read_only_index_says_so(
     with pytest.raises(SearchIndexError, match="read-only .* copy it somewhere writable"):
         store.SQLiteStore(path)
     store.SQLiteStore(path, readonly=True).close()  # searching it still works
+
+
+def test_a_full_disk_is_the_store_s_error_and_loses_nothing_written_before(tmp_path: Path) -> None:
+    # SQLite's page limit stands in for a full disk: the same SQLITE_FULL error.
+    with SQLiteStore(tmp_path / "i.db") as store:
+        store.upsert([ItemRow(key="a", vector=unit(1))], dim=DIM)
+        (pages,) = store._db.execute("PRAGMA page_count").fetchone()
+        store._db.execute(f"PRAGMA max_page_count = {pages}")
+        big = [ItemRow(key=f"k{i}", vector=unit(i), thumbnail=b"x" * 50_000) for i in range(9)]
+        with pytest.raises(SearchIndexError, match=r"cannot write index .*i\.db: .*full"):
+            store.upsert(big, dim=DIM)
+        assert store.count() == 1 and store.integrity_ok()
+        store._db.execute("PRAGMA max_page_count = 1073741823")
+        store.upsert(big[:1], dim=DIM)  # the connection is usable once there is room
+        assert store.count() == 2 and store.get("k0") is not None

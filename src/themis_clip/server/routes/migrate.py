@@ -137,14 +137,23 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
 @router.post("/pause", **answer(MigrationStatus))
 async def pause(state: StateDep) -> dict[str, Any]:
     """Stop embedding after the chunk in flight; the model keeps its memory."""
-    _job(state).control.pause()
+    _moving(state, "pause").control.pause()
     return state.migration_status()
 
 
 @router.post("/resume", **answer(MigrationStatus))
 async def resume(state: StateDep) -> dict[str, Any]:
-    _job(state).control.resume()
+    _moving(state, "resume").control.resume()
     return state.migration_status()
+
+
+def _moving(state: AppState, verb: str) -> MigrationJob:
+    """The job, when it is still building its shadow (what pause and resume act on)."""
+    job = _job(state)
+    current = job.control.state
+    if current not in (MigrationState.RUNNING, MigrationState.PAUSING, MigrationState.PAUSED):
+        raise APIError(409, "MigrationState", f"the migration is {current}: nothing to {verb}")
+    return job
 
 
 @router.post("/cancel", **answer(MigrationStatus))
