@@ -28,7 +28,7 @@ from pathlib import Path
 from themis_clip.errors import ConfigError, InputError, SearchIndexError
 from themis_clip.index.indexer import ImageEmbedder
 from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
-from themis_clip.index.stores import ItemRow, Store, StoredItem, is_url, open_store
+from themis_clip.index.stores import ItemRow, Lexical, Store, StoredItem, is_url, open_store
 from themis_clip.index.vectors import VECTORS_SUFFIX
 from themis_clip.interface import ImageData
 from themis_clip.vocabulary import ModelIdentity
@@ -441,6 +441,7 @@ def _fill(
             if (key not in have or key in changed) and key not in done.missing
         ]
         if not todo_keys and not gone:
+            _copy_readings(live, shadow)
             done.synced = began
             return done
         if settle and len(todo_keys) + len(gone) <= settle:
@@ -465,9 +466,26 @@ def _fill(
                 done.cancelled, done.synced = True, -1
                 return done
         if done.embedded == before and not gone:  # nothing could be done: never spin
+            _copy_readings(live, shadow)
             done.synced = began
             return done
         shadow.set_meta({_SINCE: began})
+
+
+def _copy_readings(live: Store, shadow: Store) -> int:
+    """Copy to the shadow each live item's OCR reading it lacks or holds otherwise (text does
+    not depend on the model: copied, never read again); returns how many were copied."""
+    if not isinstance(live, Lexical) or not isinstance(shadow, Lexical):
+        return 0
+    keys = live.keys_by_id()
+    readings = {keys[i]: r for i, r in live.ocr_readings(list(keys)).items() if i in keys}
+    if not readings:
+        return 0
+    shadow_keys = shadow.keys_by_id()
+    held = set(shadow_keys.values())  # an item the shadow lacks is missing: named elsewhere
+    have = {shadow_keys[i]: r for i, r in shadow.ocr_readings(list(shadow_keys)).items()}
+    todo = {k: r for k, r in readings.items() if k in held and have.get(k) != r}
+    return shadow.set_ocr(todo) if todo else 0
 
 
 def _embed_part(
