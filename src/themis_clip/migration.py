@@ -15,6 +15,7 @@ index is refused with a clear error.
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import os
 import re
@@ -29,6 +30,7 @@ from themis_clip.errors import ConfigError, InputError, SearchIndexError
 from themis_clip.index.indexer import ImageEmbedder
 from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
 from themis_clip.index.stores import ItemRow, Lexical, Store, StoredItem, is_url, open_store
+from themis_clip.index.stores.postgres import PgStore, redact
 from themis_clip.index.vectors import VECTORS_SUFFIX
 from themis_clip.interface import ImageData
 from themis_clip.vocabulary import ModelIdentity
@@ -41,6 +43,7 @@ __all__ = [
     "RollbackReport",
     "before_path",
     "migrate_index",
+    "remove_shadow",
     "rollback",
     "shadow_path",
 ]
@@ -55,6 +58,8 @@ _FROM = "migration_from"
 _CUT_AT = "migration_cut_at"
 #: Files an index consists of beside its database that belong to one model's vectors.
 _SIDE_FILES = (GRAPH_SUFFIX, VECTORS_SUFFIX)
+#: PostgreSQL's longest name (bytes): a longer one is cut, so two schemas could share one.
+_MAX_IDENTIFIER = 63
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,25 +68,27 @@ class MigrationReport:
 
     Attributes:
         model_id: the model the index moves to.
-        shadow: the shadow index's file (the live file's name once cut over).
+        shadow: the shadow index's file (the live file's name once cut over), or its
+            PostgreSQL URL (password left out).
         total: items in the live index.
         embedded: items this run embedded (a resumed run skips those committed before).
         from_previews: keys re-embedded from their stored preview (no file; lower quality).
         missing: ``(key, reason)`` of items that could not be re-embedded: not in the shadow.
         removed: items deleted from the shadow because the live index no longer holds them.
-        before: where the old index was kept, once cut over; None when not cut over.
+        before: where the old index was kept, once cut over (a file, or a PostgreSQL
+            schema's name); None when not cut over.
         seconds: the run's wall time.
         cancelled: the run stopped at a :meth:`MigrationControl.cancel` (shadow kept as is).
     """
 
     model_id: str
-    shadow: Path
+    shadow: Path | str
     total: int
     embedded: int
     from_previews: tuple[str, ...]
     missing: tuple[tuple[str, str], ...]
     removed: int
-    before: Path | None
+    before: Path | str | None
     seconds: float
     cancelled: bool = False
 
@@ -98,9 +105,9 @@ class RollbackReport:
             which the restored index does not have.
     """
 
-    restored: Path
+    restored: Path | str
     model_id: str
-    shadow: Path
+    shadow: Path | str
     written_since: int
 
 
@@ -288,7 +295,7 @@ def migrate_index(
     """Build (or resume) the shadow of ``index`` for the model ``identity``, then cut over.
 
     Args:
-        index: the live SQLite index.
+        index: the live index: an SQLite file or a PostgreSQL URL.
         embedder: the new model (its ``generate_embedding_batch``).
         identity: the new model's identity (the shadow is bound to it).
         chunk: items embedded and committed together (what a kill can lose).
@@ -306,16 +313,16 @@ def migrate_index(
         unless ``cut_over`` was False).
 
     Raises:
-        InputError: a PostgreSQL index, no index, or one that already uses ``identity``.
+        InputError: no index, or one that already uses ``identity``.
         SearchIndexError: the cut-over cannot happen safely (another process has the index
             open, or a previous index is still kept under the name it needs).
     """
     started = time.monotonic()
-    live_path = _live_file(index)
-    shadow = shadow_path(live_path, identity.model_id)
-    live = open_store(live_path)
+    location = _live(index)
+    live = open_store(location)
     try:
-        old_id = _check_models(live, identity, live_path)
+        old_id = _check_models(live, identity)
+        shadow = _shadow(live, location, identity.model_id)
         with VectorIndex(shadow) as target:
             if target.stamp is None:  # a new shadow: changes from now on are caught up
                 target.bind_model(identity)
@@ -327,13 +334,16 @@ def migrate_index(
     finally:
         live.close()
     missing = tuple(sorted(pass_report.missing.items()))
-    before = None
+    before: Path | str | None = None
     if cut_over and not pass_report.cancelled and (drop_missing or not missing):
-        before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
-        log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
+        if isinstance(location, Path):
+            before = _cut_over(location, Path(shadow), identity.model_id, pass_report.synced)
+        else:
+            before = _cut_over_schema(location, str(shadow), identity.model_id, pass_report.synced)
+        log.info("index %s migrated to %s; the old one kept as %s", index, identity, before)
     return MigrationReport(
         model_id=identity.model_id,
-        shadow=shadow,
+        shadow=redact(shadow) if isinstance(shadow, str) else shadow,
         total=total,
         embedded=pass_report.embedded,
         from_previews=tuple(sorted(pass_report.from_previews)),
@@ -350,10 +360,13 @@ def rollback(index: str | Path) -> RollbackReport:
     the one it replaces becomes that migration's shadow again.
 
     Raises:
-        InputError: a PostgreSQL index, no index, no kept index or more than one.
-        SearchIndexError: another process has the index open.
+        InputError: no index, no kept index or more than one.
+        SearchIndexError: another process has the index open (SQLite).
     """
-    live_path = _live_file(index)
+    location = _live(index)
+    if not isinstance(location, Path):
+        return _rollback_schema(location)
+    live_path = location
     kept = sorted(live_path.parent.glob(f"{_glob_escape(live_path.name)}.before-*"))
     kept = [k for k in kept if not k.name.endswith(_SIDE_FILES)]
     if not kept:
@@ -366,13 +379,7 @@ def rollback(index: str | Path) -> RollbackReport:
     before = kept[0]
     store = open_store(live_path)
     try:
-        meta = store.meta()
-        current_id = meta.get("model_id", "")
-        cut_at = meta.get(_CUT_AT)
-        written_since = 0
-        if cut_at is not None and "dim" in meta:
-            ids, _, gone = store.changes_since(int(cut_at), int(meta["dim"]))
-            written_since = len(ids) + len(gone)
+        current_id, written_since = _since_cut(store)
     finally:
         store.close()
     with VectorIndex(before, readonly=True) as old:
@@ -532,29 +539,134 @@ def _embed_part(
     done.embedded += len(rows)
 
 
-# -- files -------------------------------------------------------------------------------------
+# -- where the indexes are ---------------------------------------------------------------------
 
 
-def _live_file(index: str | Path) -> Path:
+def _live(index: str | Path) -> Path | str:
+    """The live index's file, or its URL."""
     if is_url(index):
-        raise InputError(
-            "migrating a PostgreSQL index is not built yet: export it to an SQLite file or "
-            "re-index with the new model"
-        )
+        return str(index)
     path = Path(index)
     if not path.is_file():
         raise InputError(f"no index at {path}")
     return path
 
 
-def _check_models(live: Store, identity: ModelIdentity, path: Path) -> str:
+def _check_models(live: Store, identity: ModelIdentity) -> str:
     """The live index's model id; raises when there is none or it is ``identity`` already."""
+    path = live.path
     meta = live.meta()
     if "model_id" not in meta:
         raise InputError(f"index {path} holds no items yet: index it with the new model instead")
     if meta["model_sha256"] == identity.sha256 and int(meta["dim"]) == identity.dim:
         raise InputError(f"index {path} is made by {identity.model_id} already")
     return meta["model_id"]
+
+
+def _since_cut(store: Store) -> tuple[str, int]:
+    """The index's model id, and how many items were written or deleted after its cut-over."""
+    meta = store.meta()
+    cut_at = meta.get(_CUT_AT)
+    written_since = 0
+    if cut_at is not None and "dim" in meta:
+        ids, _, gone = store.changes_since(int(cut_at), int(meta["dim"]))
+        written_since = len(ids) + len(gone)
+    return meta.get("model_id", ""), written_since
+
+
+def _shadow(live: Store, location: Path | str, model_id: str) -> Path | str:
+    """The shadow's file, or the URL of its schema (created when missing)."""
+    if isinstance(location, Path):
+        return shadow_path(location, model_id)
+    assert isinstance(live, PgStore)
+    return live.sibling(_schema_name(live.schema, "migrating", model_id))
+
+
+# -- PostgreSQL: sibling schemas ---------------------------------------------------------------
+
+
+def _schema_name(live: str, tag: str, model_id: str) -> str:
+    """The schema of the live schema ``live``'s shadow (``tag`` "migrating") or kept index
+    ("before") for ``model_id``: ``<live>.<tag>-<model id>``, the id hashed when too long."""
+    name = f"{live}.{tag}-{model_id}"
+    if len(name.encode()) > _MAX_IDENTIFIER:
+        name = f"{live}.{tag}-{hashlib.sha256(model_id.encode()).hexdigest()[:16]}"
+    if len(name.encode()) > _MAX_IDENTIFIER:
+        raise InputError(f"schema {live!r}: its name is too long to name a migration's schemas")
+    return name
+
+
+def _cut_over_schema(url: str, shadow: str, model_id: str, synced: int) -> str:
+    """Swap the shadow's tables into the live schema (the old ones kept in a schema of their
+    own) in one transaction; returns the kept schema's name."""
+    live = PgStore(url)
+    try:
+        here = live.schema
+        before = _schema_name(here, "before", model_id)
+        if before in live.schemas(before):
+            raise SearchIndexError(
+                f'a previous index is kept in schema "{before}": drop it (or roll back) before '
+                "cutting over"
+            )
+        target = open_store(shadow)
+        try:  # this write commits as the next version: what comes after it, a rollback loses
+            target.set_meta({_CUT_AT: target.write_version + 1})
+        finally:
+            target.close()
+        live.swap(before, _schema_name(here, "migrating", model_id), expect_version=synced)
+    finally:
+        live.close()
+    return before
+
+
+def _rollback_schema(url: str) -> RollbackReport:
+    """:func:`rollback` of a PostgreSQL index: the kept schema's tables swapped back."""
+    live = PgStore(url)
+    try:
+        here = live.schema
+        kept = live.schemas(f"{here}.before-")
+        if not kept:
+            raise InputError(f"no previous index is kept beside {live.path}: nothing to roll back")
+        if len(kept) > 1:
+            raise InputError(
+                f"more than one previous index is kept beside {live.path} (schemas "
+                f"{', '.join(kept)}); drop those you do not want, then roll back"
+            )
+        current_id, written_since = _since_cut(live)
+        with VectorIndex(live.sibling(kept[0]), readonly=True) as old:
+            stamp = old.stamp
+        shadow = _schema_name(here, "migrating", current_id)
+        if shadow in live.schemas(shadow):
+            raise SearchIndexError(
+                f'schema "{shadow}" exists already; drop it (an unfinished migration) and roll '
+                "back again"
+            )
+        live.swap(shadow, kept[0])
+    finally:
+        live.close()
+    log.info("index %s rolled back to %s", live.path, stamp)
+    return RollbackReport(
+        restored=kept[0],
+        model_id=stamp.model_id if stamp is not None else "",
+        shadow=shadow,
+        written_since=written_since,
+    )
+
+
+def remove_shadow(index: str | Path, model_id: str) -> None:
+    """Delete the shadow of ``index`` for ``model_id`` (a cancelled migration's)."""
+    location = _live(index)
+    if isinstance(location, Path):
+        VectorIndex.remove(shadow_path(location, model_id))
+        return
+    live = PgStore(location)
+    try:
+        live.drop_schema(_schema_name(live.schema, "migrating", model_id))
+    finally:
+        live.close()
+
+
+# -- files -------------------------------------------------------------------------------------
 
 
 def _cut_over(live_path: Path, shadow: Path, model_id: str, synced: int) -> Path:

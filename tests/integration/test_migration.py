@@ -283,8 +283,6 @@ def test_ocr_readings_move_with_the_items_without_being_read_again(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    if location.startswith("postgresql"):
-        pytest.skip("migrating a PostgreSQL index is not built yet")
     photos = tmp_path / "photos"
     photos.mkdir()
     for i in range(12):

@@ -18,6 +18,7 @@ from themis_clip.cli.common import (
 )
 from themis_clip.config import ModelConfig, PluginConfig
 from themis_clip.files import file_lock
+from themis_clip.index.stores import is_url
 from themis_clip.migration import MigrationReport, migrate_index, rollback
 
 #: Items listed by name in a report before "and N more".
@@ -64,10 +65,16 @@ def register(sub: Any) -> None:
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
+    run = _rollback if args.rollback else _migrate
+    if is_url(args.index):  # the database's writer lock, as `index` holds it
+        from themis_clip.index.stores.postgres import writer_lock
+
+        with writer_lock(args.index):
+            return run(args)
     lock = Path(args.index + ".lock")
     try:
         with file_lock(lock, timeout_s=0):
-            return _rollback(args) if args.rollback else _migrate(args)
+            return run(args)
     except TimeoutError:
         raise CLIError(
             f"another `themis-clip index` or `migrate` is updating {args.index}; "
@@ -123,7 +130,7 @@ def _print_report(report: MigrationReport, args: argparse.Namespace) -> None:
     if len(report.missing) > _LISTED:
         print(f"... and {len(report.missing) - _LISTED} more that cannot be re-embedded")
     if report.before is not None:
-        print(f"live: {args.index} (the previous index kept as {report.before})")
+        print(f"live: {_where(args)} (the previous index kept as {report.before})")
     elif args.no_cut_over:
         print(f"shadow ready: {report.shadow}; run again without --no-cut-over to switch")
     else:
@@ -135,7 +142,7 @@ def _print_report(report: MigrationReport, args: argparse.Namespace) -> None:
 
 def _rollback(args: argparse.Namespace) -> int:
     report = rollback(args.index)
-    print(f"rolled back: {args.index} is {report.model_id} again (from {report.restored})")
+    print(f"rolled back: {_where(args)} is {report.model_id} again (from {report.restored})")
     print(f"the replaced index is kept as {report.shadow} (migrate again to resume from it)")
     if report.written_since:
         print(
@@ -143,6 +150,15 @@ def _rollback(args: argparse.Namespace) -> int:
             "not in the restored index"
         )
     return 0
+
+
+def _where(args: argparse.Namespace) -> str:
+    """The index, fit to print (a URL without its password)."""
+    if is_url(args.index):
+        from themis_clip.index.stores.postgres import redact
+
+        return redact(args.index)
+    return str(args.index)
 
 
 def _listed(keys: tuple[str, ...]) -> str:
