@@ -330,6 +330,8 @@ def migrate_index(
             pass_report = _fill(
                 live, target.store, embedder, identity, chunk, progress, control, settle
             )
+            if isinstance(target.store, PgStore) and not pass_report.cancelled:
+                target.prepare_graph()  # pgvector's HNSW index, built before the cut-over
         total = live.count()
     finally:
         live.close()

@@ -5,7 +5,9 @@ cut-over swaps the tables in one transaction and a rollback restores the old ans
 
 from __future__ import annotations
 
+import base64
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,15 +15,18 @@ import textwrap
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from PIL import Image
 
-from tests.helpers import photo_like
-from tests.integration.test_migration import _SLOW_MIGRATION, _config, _Counting
+from tests.helpers import ServerProcess, photo_like
+from tests.integration.test_migration import _SLOW_MIGRATION, _config, _Counting, _model_id
+from tests.integration.test_migration_server import ADMIN, TOKEN, _Load, _search, _wait
 from tests.pg import PgServer
 from themis_clip.cli import main
 from themis_clip.collection import Collection, Query
 from themis_clip.index.search import VectorIndex
+from themis_clip.index.settings import SearchKind
 from themis_clip.index.stores import ItemRow
 from themis_clip.migration import migrate_index
 
@@ -131,6 +136,7 @@ def test_a_postgresql_index_migrates_resumes_after_kill_keeps_writes_and_rolls_b
         assert migrated.stamp == identity
         assert migrated.store.count() == ITEMS
         assert migrated.store.get(str(extra)) is not None and migrated.store.get(gone) is None
+        assert migrated.searcher.mode == SearchKind.PGVECTOR  # its HNSW index came along
 
     # the independent reference: the same items indexed afresh by model B
     os.replace(extra, photos / "extra.png")
@@ -154,3 +160,69 @@ def test_a_postgresql_index_migrates_resumes_after_kill_keeps_writes_and_rolls_b
     assert "0 embedded now" in capsys.readouterr().out
     assert main(["migrate", "--index", url, "--rollback"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.slow
+def test_two_servers_on_one_postgresql_index_across_a_migration_by_one_of_them(
+    pg_server: PgServer, tiny_model_dir: Path, tiny_model_dir_b: Path, tmp_path: Path
+) -> None:
+    """The migrating server loses no request or write under load; the other one, still on
+    the old model, refuses model searches and writes with a 409 naming the index's new model
+    (never mixing the two) until it is reloaded with that model."""
+    models = tmp_path / "models"
+    shutil.copytree(tiny_model_dir, models / "a")
+    shutil.copytree(tiny_model_dir_b, models / "b")
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(ITEMS):
+        Image.fromarray(photo_like(40, 30, i)).save(photos / f"{i:03d}.png")
+    url = pg_server.url(pg_server.new_database())
+    with Collection.open(url, _config(models / "a")) as collection:
+        collection.index_folder(photos)
+    b_id = _model_id(models / "b")
+    args = ["--model", str(models / "a"), "--model-root", str(models), "--index", url]
+    env = {"THEMIS_ADMIN_TOKEN": TOKEN}
+    with (
+        ServerProcess(args, env=env) as one,
+        ServerProcess(args, env=env) as two,
+        httpx.Client(base_url=one.base, timeout=60) as c1,
+        httpx.Client(base_url=two.base, timeout=60) as c2,
+    ):
+        with _Load(one.base) as load:
+            r = c1.post("/admin/migrate", json={"path": "b", "cores": 1}, headers=ADMIN)
+            assert r.status_code == 202, r.text
+            _wait(c1, ("done",))
+        assert load.failures == [] and load.written
+        for key in load.written:  # writes made during the migration are in the new index
+            assert c1.get(f"/items/{key}", headers=ADMIN).status_code == 200, key
+        assert _search(c1, "a photo of a dog")["model_id"] == b_id
+        assert _schemas(pg_server, url, "public.before-%") != []
+
+        query = {"text": "a photo of a dog", "k": 5, "cut": "none"}
+        r = c2.post("/search", json=query, headers=ADMIN)
+        assert r.status_code == 409 and b_id in r.json()["error"]["message"], r.text
+        image = base64.b64encode((photos / "001.png").read_bytes()).decode()
+        write = {"items": [{"id": "from-two", "image": image}]}
+        r = c2.post("/index/items", json=write, headers=ADMIN)
+        assert r.status_code == 409 and b_id in r.text, r.text
+        assert c1.get("/items/from-two", headers=ADMIN).status_code == 404  # nothing mixed in
+        lexical = {"text": "001", "mode": "lexical", "k": 5, "cut": "none"}
+        assert c2.post("/search", json=lexical, headers=ADMIN).status_code == 200
+
+        r = c2.post("/admin/reload", json={"path": "b"}, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        assert _search(c2, "a photo of a dog") == _search(c1, "a photo of a dog")
+
+        # the migrating server rolls back; a migration started again and cancelled drops its
+        # shadow schema
+        r = c1.post("/admin/migrate/rollback", headers=ADMIN)
+        assert r.status_code == 200 and r.json()["state"] == "rolled-back", r.text
+        assert _schemas(pg_server, url, "public.before-%") == []
+        assert len(_schemas(pg_server, url, "public.migrating-%")) == 1
+        body = {"path": "b", "cores": 1, "cut_over": "command"}
+        assert c1.post("/admin/migrate", json=body, headers=ADMIN).status_code == 202
+        _wait(c1, ("ready",))
+        cancelled = c1.post("/admin/migrate/cancel", headers=ADMIN)
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+        assert _schemas(pg_server, url, "public.migrating-%") == []
+        assert _search(c1, "a photo of a dog")["model_id"] != b_id
