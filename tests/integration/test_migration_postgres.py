@@ -25,6 +25,7 @@ from tests.integration.test_migration_server import ADMIN, TOKEN, _Load, _search
 from tests.pg import PgServer
 from themis_clip.cli import main
 from themis_clip.collection import Collection, Query
+from themis_clip.errors import IndexModelMismatchError
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.settings import SearchKind
 from themis_clip.index.stores import ItemRow
@@ -121,6 +122,9 @@ def test_a_postgresql_index_migrates_resumes_after_kill_keeps_writes_and_rolls_b
         assert live.store.delete_keys([gone]) == 1
     at_cut = _answers(url, tiny_model_dir, probe)
 
+    stale = VectorIndex(url)  # another process's index, bound to the old model
+    assert stale.stamp is not None
+    stale.bind_model(stale.stamp)
     counting = _Counting(tiny_model_dir_b)
     identity = counting.plugin.model_identity
     assert identity is not None
@@ -128,6 +132,9 @@ def test_a_postgresql_index_migrates_resumes_after_kill_keeps_writes_and_rolls_b
         report = migrate_index(url, counting, identity, chunk=8)
     finally:
         counting.plugin.shutdown()
+    # its write, checked against the old model before the cut-over, lands after it: refused
+    with stale, pytest.raises(IndexModelMismatchError, match=identity.model_id):
+        stale.store.upsert([ItemRow(key="stale", vector=vector)], dim=identity.dim)
     assert not set(counting.seen) & committed  # nothing committed is embedded twice
     assert str(extra) in counting.seen
     assert report.before is not None and report.removed == 1

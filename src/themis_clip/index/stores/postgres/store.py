@@ -30,7 +30,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.errors import SearchIndexError
+from themis_clip.errors import IndexModelMismatchError, SearchIndexError
 from themis_clip.index.lexical import trigrams
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
@@ -132,6 +132,7 @@ class PgStore:
             open=True,
         )
         self._local = threading.local()  # this thread's connection while it holds one
+        self._model: str | None = None  # the model's sha256 an upsert expects (expect_model)
 
     @property
     def _writing(self) -> int:
@@ -401,8 +402,29 @@ class PgStore:
 
     # -- items ---------------------------------------------------------------------------------
 
+    def expect_model(self, sha256: str) -> None:
+        """Refuse later upserts if the index is then made by a model other than ``sha256``,
+        checked inside each upsert's transaction: another server's migration may cut over
+        between a writer's model check and its write."""
+        self._model = sha256
+
+    def _check_model(self, db: Any) -> None:
+        if self._model is None:
+            return
+        meta = dict(
+            db.execute(
+                "SELECT key, value FROM themis_meta WHERE key IN ('model_id', 'model_sha256')"
+            ).fetchall()
+        )
+        if meta.get("model_sha256", self._model) != self._model:
+            raise IndexModelMismatchError(
+                f"the index at {self.path} is now made by model {meta.get('model_id')} (it was "
+                "migrated): load that model (POST /admin/reload) to write to it again"
+            )
+
     def upsert(self, rows: Sequence[ItemRow], *, dim: int) -> None:
-        """Insert or replace ``rows`` (matched by key) in one transaction."""
+        """Insert or replace ``rows`` (matched by key) in one transaction (refused when the
+        index's model is not the one :meth:`expect_model` names)."""
         if not rows:
             return
         values = []
@@ -422,6 +444,7 @@ class PgStore:
                 )
             )
         with self.transaction() as db:
+            self._check_model(db)
             self._set_dimension(db, dim)
             written = self._writing
             with db.cursor() as cur:
