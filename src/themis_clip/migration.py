@@ -1,15 +1,17 @@
 """Move an index to another model: a shadow index built beside the live one, an atomic
 cut-over, and a rollback (docs/migration.md draws the design).
 
-The shadow (``photos.db.migrating-<model>``) is an ordinary index bound to the new model that
-holds every live item under the same key, path, metadata and preview, with a vector from the
-new model. It is filled in committed chunks, so a killed run resumes where it stopped without
-embedding a committed item again. The cut-over renames it over the live file (the old one kept
-as ``photos.db.before-<model>``); :func:`rollback` puts the old one back.
+The shadow is an ordinary index bound to the new model that holds every live item under the
+same key, path, metadata, preview and OCR reading, with a vector from the new model: a file
+``photos.db.migrating-<model>`` beside an SQLite index, a schema ``"<live>.migrating-<model>"``
+beside a PostgreSQL one. It is filled in committed chunks, so a killed run resumes where it
+stopped without embedding a committed item again. The cut-over renames the file over the live
+one, or moves the tables between the schemas in one transaction (the old index kept as
+``photos.db.before-<model>`` or in ``"<live>.before-<model>"``); :func:`rollback` puts the
+old one back.
 
 A :class:`MigrationControl` lets another thread pause, resume or cancel a run between chunks
-and read its progress (the server's ``/admin/migrate``). SQLite only for now: a PostgreSQL
-index is refused with a clear error.
+and read its progress (the server's ``/admin/migrate``).
 """
 
 from __future__ import annotations

@@ -215,6 +215,9 @@ def test_two_servers_on_one_postgresql_index_across_a_migration_by_one_of_them(
         assert c1.get("/items/from-two", headers=ADMIN).status_code == 404  # nothing mixed in
         lexical = {"text": "001", "mode": "lexical", "k": 5, "cut": "none"}
         assert c2.post("/search", json=lexical, headers=ADMIN).status_code == 200
+        by_item = {"item": str(photos / "001.png"), "k": 5, "cut": "none"}  # the index's vector
+        r = c2.post("/search", json=by_item, headers=ADMIN)
+        assert r.status_code == 200, r.text
 
         r = c2.post("/admin/reload", json={"path": "b"}, headers=ADMIN)
         assert r.status_code == 200, r.text

@@ -31,7 +31,9 @@ def register(sub: Any) -> None:
         help="move an index to another model (resumable; the old index kept for --rollback)",
     )
     p.add_argument(
-        "--index", default=DEFAULT_INDEX, help=f"the SQLite index (default {DEFAULT_INDEX})"
+        "--index",
+        default=DEFAULT_INDEX,
+        help=f"the index: an SQLite file or a postgresql:// URL (default {DEFAULT_INDEX})",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
