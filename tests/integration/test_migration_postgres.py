@@ -236,3 +236,44 @@ def test_two_servers_on_one_postgresql_index_across_a_migration_by_one_of_them(
         assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
         assert _schemas(pg_server, url, "public.migrating-%") == []
         assert _search(c1, "a photo of a dog")["model_id"] != b_id
+
+
+def test_a_collection_in_its_own_schema_migrates_alone(
+    pg_server: PgServer,
+    tiny_model_dir: Path,
+    tiny_model_dir_b: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two collections in one database (``public`` and a schema named by the URL's search
+    path): migrating one moves its tables only, beside it; the other answers as before."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(8):
+        Image.fromarray(photo_like(40, 30, i)).save(photos / f"{i}.png")
+    database = pg_server.new_database()
+    pg_server.admin("CREATE SCHEMA coll", database=database)
+    other = pg_server.url(database)
+    url = other + "&options=-csearch_path%3Dcoll,public"
+    for location in (other, url):
+        with Collection.open(location, _config(tiny_model_dir)) as collection:
+            collection.index_folder(photos)
+    probe = photos / "3.png"
+    untouched = _answers(other, tiny_model_dir, probe)
+
+    argv = ["migrate", "--index", url, "--to", str(tiny_model_dir_b), "--threads", "1"]
+    assert main(argv) == 0
+    assert "the previous index kept as coll.before-" in capsys.readouterr().out
+    assert _schemas(pg_server, other, "coll.%") == [f"coll.before-{_model_id(tiny_model_dir_b)}"]
+    assert _schemas(pg_server, other, "public.%") == []
+    with VectorIndex(url, readonly=True) as migrated:
+        assert migrated.stamp is not None
+        assert migrated.stamp.model_id == _model_id(tiny_model_dir_b)
+        assert migrated.store.count() == 8
+    assert _answers(other, tiny_model_dir, probe) == untouched
+
+    assert main(["migrate", "--index", url, "--rollback"]) == 0
+    with VectorIndex(url, readonly=True) as restored:
+        assert restored.stamp is not None
+        assert restored.stamp.model_id == _model_id(tiny_model_dir)
+    assert _answers(other, tiny_model_dir, probe) == untouched
