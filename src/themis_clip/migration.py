@@ -541,6 +541,12 @@ def _embed_part(
         )
     shadow.upsert(rows, dim=identity.dim)  # one transaction: a kill loses this part only
     done.embedded += len(rows)
+    if rows and isinstance(live, Lexical) and isinstance(shadow, Lexical):
+        # their readings now, outside a server's cut-over; the last pass copies what is left
+        keys = {item.id: item.key for item, _, _ in sources}
+        readings = live.ocr_readings(list(keys))
+        if readings:
+            shadow.set_ocr({keys[i]: r for i, r in readings.items()})
 
 
 # -- where the indexes are ---------------------------------------------------------------------

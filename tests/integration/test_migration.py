@@ -302,6 +302,13 @@ def test_ocr_readings_move_with_the_items_without_being_read_again(
     assert before == ([keys[0]], keys[:2])
 
     argv = ["migrate", "--index", location, "--to", str(tiny_model_dir_b), "--threads", "1"]
+    assert main([*argv, "--no-cut-over"]) == 0  # the shadow, its readings copied with it
+    with VectorIndex(location) as live:  # a picture read while the migration waits
+        assert isinstance(live.store, Lexical)
+        readings[keys[3]] = _reading("BUCKS FIZZ")
+        assert live.store.set_ocr({keys[3]: readings[keys[3]]}) == 1
+    before = _text_answers(location)
+    assert before == ([keys[0], keys[3]], [*keys[:2], keys[3]])
     assert main(argv) == 0
     assert "migrated 12 of 12 items" in capsys.readouterr().out
     assert _text_answers(location) == before
