@@ -9,6 +9,7 @@ with ``--cores`` (to the int8-dynamic variant). Prints each window and the ratio
 steady windows.
 
 Run: .venv/bin/python bench/bench_migration.py [--items 2000] [--clients 2] [--cores 0.5]
+[--postgres URL] (an empty database with pgvector: the index lives there instead of a file)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 TEXTS = ["a red circle", "a small blue square", "a green triangle at the top", "a yellow star"]
 
 
-def serve(models: Path, index: Path) -> tuple[subprocess.Popen[str], str]:
+def serve(models: Path, index: Path | str) -> tuple[subprocess.Popen[str], str]:
     exe = str(Path(sys.executable).parent / "themis-clip")
     args = ["serve", "--port", "0", "--model", str(models / "demo"), "--model-root", str(models)]
     proc = subprocess.Popen(
@@ -80,13 +81,14 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--steady-s", type=float, default=8.0)
     parser.add_argument("--cores", type=float, default=0.5, help="the second migration's share")
+    parser.add_argument("--postgres", help="a database URL to hold the index (default: a file)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-migration-"))
     try:
         models = work / "models"
         shutil.copytree(demo_model_path(), models / "demo")
         write_gallery(work / "photos", args.items, size=320)
-        index = work / "photos.db"
+        index: Path | str = args.postgres or work / "photos.db"
         config = PluginConfig(model=ModelConfig(path=str(models / "demo")))
         with Collection.open(index, config) as collection:
             collection.index_folder(work / "photos")
@@ -139,6 +141,7 @@ def main() -> None:
         share = window(events, b0, b1)
         out = {
             "items": args.items,
+            "store": "postgresql" if args.postgres else "sqlite",
             "clients": args.clients,
             "cpus": os.cpu_count(),
             "steady": steady,

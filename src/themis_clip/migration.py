@@ -1,20 +1,23 @@
 """Move an index to another model: a shadow index built beside the live one, an atomic
 cut-over, and a rollback (docs/migration.md draws the design).
 
-The shadow (``photos.db.migrating-<model>``) is an ordinary index bound to the new model that
-holds every live item under the same key, path, metadata and preview, with a vector from the
-new model. It is filled in committed chunks, so a killed run resumes where it stopped without
-embedding a committed item again. The cut-over renames it over the live file (the old one kept
-as ``photos.db.before-<model>``); :func:`rollback` puts the old one back.
+The shadow is an ordinary index bound to the new model that holds every live item under the
+same key, path, metadata, preview and OCR reading, with a vector from the new model: a file
+``photos.db.migrating-<model>`` beside an SQLite index, a schema ``"<live>.migrating-<model>"``
+beside a PostgreSQL one. It is filled in committed chunks, so a killed run resumes where it
+stopped without embedding a committed item again. The cut-over renames the file over the live
+one, or moves the tables between the schemas in one transaction (the old index kept as
+``photos.db.before-<model>`` or in ``"<live>.before-<model>"``); :func:`rollback` puts the
+old one back.
 
 A :class:`MigrationControl` lets another thread pause, resume or cancel a run between chunks
-and read its progress (the server's ``/admin/migrate``). SQLite only for now: a PostgreSQL
-index is refused with a clear error.
+and read its progress (the server's ``/admin/migrate``).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import os
 import re
@@ -22,7 +25,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +33,8 @@ from themis_clip.errors import ConfigError, InputError, SearchIndexError
 from themis_clip.files import file_lock
 from themis_clip.index.indexer import ImageEmbedder
 from themis_clip.index.search import GRAPH_SUFFIX, VectorIndex
-from themis_clip.index.stores import ItemRow, Store, StoredItem, is_url, open_store
+from themis_clip.index.stores import ItemRow, Lexical, Store, StoredItem, is_url, open_store
+from themis_clip.index.stores.postgres import PgStore, redact
 from themis_clip.index.vectors import VECTORS_SUFFIX
 from themis_clip.interface import ImageData
 from themis_clip.vocabulary import ModelIdentity
@@ -43,6 +47,7 @@ __all__ = [
     "RollbackReport",
     "before_path",
     "migrate_index",
+    "remove_shadow",
     "rollback",
     "shadow_path",
 ]
@@ -57,6 +62,8 @@ _FROM = "migration_from"
 _CUT_AT = "migration_cut_at"
 #: Files an index consists of beside its database that belong to one model's vectors.
 _SIDE_FILES = (GRAPH_SUFFIX, VECTORS_SUFFIX)
+#: PostgreSQL's longest name (bytes): a longer one is cut, so two schemas could share one.
+_MAX_IDENTIFIER = 63
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,25 +72,27 @@ class MigrationReport:
 
     Attributes:
         model_id: the model the index moves to.
-        shadow: the shadow index's file (the live file's name once cut over).
+        shadow: the shadow index's file (the live file's name once cut over), or its
+            PostgreSQL URL (password left out).
         total: items in the live index.
         embedded: items this run embedded (a resumed run skips those committed before).
         from_previews: keys re-embedded from their stored preview (no file; lower quality).
         missing: ``(key, reason)`` of items that could not be re-embedded: not in the shadow.
         removed: items deleted from the shadow because the live index no longer holds them.
-        before: where the old index was kept, once cut over; None when not cut over.
+        before: where the old index was kept, once cut over (a file, or a PostgreSQL
+            schema's name); None when not cut over.
         seconds: the run's wall time.
         cancelled: the run stopped at a :meth:`MigrationControl.cancel` (shadow kept as is).
     """
 
     model_id: str
-    shadow: Path
+    shadow: Path | str
     total: int
     embedded: int
     from_previews: tuple[str, ...]
     missing: tuple[tuple[str, str], ...]
     removed: int
-    before: Path | None
+    before: Path | str | None
     seconds: float
     cancelled: bool = False
 
@@ -100,9 +109,9 @@ class RollbackReport:
             which the restored index does not have.
     """
 
-    restored: Path
+    restored: Path | str
     model_id: str
-    shadow: Path
+    shadow: Path | str
     written_since: int
 
 
@@ -290,7 +299,7 @@ def migrate_index(
     """Build (or resume) the shadow of ``index`` for the model ``identity``, then cut over.
 
     Args:
-        index: the live SQLite index.
+        index: the live index: an SQLite file or a PostgreSQL URL.
         embedder: the new model (its ``generate_embedding_batch``).
         identity: the new model's identity (the shadow is bound to it).
         chunk: items embedded and committed together (what a kill can lose).
@@ -308,17 +317,22 @@ def migrate_index(
         unless ``cut_over`` was False).
 
     Raises:
-        InputError: a PostgreSQL index, no index, or one that already uses ``identity``.
+        InputError: no index, or one that already uses ``identity``.
         SearchIndexError: the cut-over cannot happen safely (another process has the index
             open, or a previous index is still kept under the name it needs).
     """
     started = time.monotonic()
-    live_path = _live_file(index)
-    shadow = shadow_path(live_path, identity.model_id)
-    with _one_migrator(shadow):
-        live = open_store(live_path)
+    location = _live(index)
+    one = (
+        _one_migrator(shadow_path(location, identity.model_id))
+        if isinstance(location, Path)
+        else nullcontext()
+    )
+    with one:
+        live = open_store(location)
         try:
-            old_id = _check_models(live, identity, live_path)
+            old_id = _check_models(live, identity)
+            shadow = _shadow(live, location, identity.model_id)
             with VectorIndex(shadow) as target:
                 if target.stamp is None:  # a new shadow: changes from now on are caught up
                     target.bind_model(identity)
@@ -326,17 +340,24 @@ def migrate_index(
                 pass_report = _fill(
                     live, target.store, embedder, identity, chunk, progress, control, settle
                 )
+                if isinstance(target.store, PgStore) and not pass_report.cancelled:
+                    target.prepare_graph()  # pgvector's HNSW index, built before the cut-over
             total = live.count()
         finally:
             live.close()
         missing = tuple(sorted(pass_report.missing.items()))
-        before = None
+        before: Path | str | None = None
         if cut_over and not pass_report.cancelled and (drop_missing or not missing):
-            before = _cut_over(live_path, shadow, identity.model_id, pass_report.synced)
-            log.info("index %s migrated to %s; the old one kept as %s", live_path, identity, before)
+            if isinstance(location, Path):
+                before = _cut_over(location, Path(shadow), identity.model_id, pass_report.synced)
+            else:
+                before = _cut_over_schema(
+                    location, str(shadow), identity.model_id, pass_report.synced
+                )
+            log.info("index %s migrated to %s; the old one kept as %s", index, identity, before)
     return MigrationReport(
         model_id=identity.model_id,
-        shadow=shadow,
+        shadow=redact(shadow) if isinstance(shadow, str) else shadow,
         total=total,
         embedded=pass_report.embedded,
         from_previews=tuple(sorted(pass_report.from_previews)),
@@ -353,20 +374,17 @@ def rollback(index: str | Path) -> RollbackReport:
     the one it replaces becomes that migration's shadow again.
 
     Raises:
-        InputError: a PostgreSQL index, no index, or no index kept by its last cut-over.
-        SearchIndexError: another process has the index open.
+        InputError: no index, or no index kept by its last cut-over.
+        SearchIndexError: another process has the index open (SQLite).
     """
-    live_path = _live_file(index)
+    location = _live(index)
+    if not isinstance(location, Path):
+        return _rollback_schema(location)
+    live_path = location
     _check_unopened(live_path)
     store = open_store(live_path)
     try:
-        meta = store.meta()
-        current_id = meta.get("model_id", "")
-        cut_at = meta.get(_CUT_AT)
-        written_since = 0
-        if cut_at is not None and "dim" in meta:
-            ids, _, gone = store.changes_since(int(cut_at), int(meta["dim"]))
-            written_since = len(ids) + len(gone)
+        current_id, written_since = _since_cut(store)
     finally:
         store.close()
     # The last cut-over kept the index it replaced under the name of the model it moved to,
@@ -443,6 +461,7 @@ def _fill(
             if (key not in have or key in changed) and key not in done.missing
         ]
         if not todo_keys and not gone:
+            _copy_readings(live, shadow)
             done.synced = began
             return done
         if settle and len(todo_keys) + len(gone) <= settle:
@@ -467,9 +486,26 @@ def _fill(
                 done.cancelled, done.synced = True, -1
                 return done
         if done.embedded == before and not gone:  # nothing could be done: never spin
+            _copy_readings(live, shadow)
             done.synced = began
             return done
         shadow.set_meta({_SINCE: began})
+
+
+def _copy_readings(live: Store, shadow: Store) -> int:
+    """Copy to the shadow each live item's OCR reading it lacks or holds otherwise (text does
+    not depend on the model: copied, never read again); returns how many were copied."""
+    if not isinstance(live, Lexical) or not isinstance(shadow, Lexical):
+        return 0
+    keys = live.keys_by_id()
+    readings = {keys[i]: r for i, r in live.ocr_readings(list(keys)).items() if i in keys}
+    if not readings:
+        return 0
+    shadow_keys = shadow.keys_by_id()
+    held = set(shadow_keys.values())  # an item the shadow lacks is missing: named elsewhere
+    have = {shadow_keys[i]: r for i, r in shadow.ocr_readings(list(shadow_keys)).items()}
+    todo = {k: r for k, r in readings.items() if k in held and have.get(k) != r}
+    return shadow.set_ocr(todo) if todo else 0
 
 
 def _embed_part(
@@ -514,17 +550,21 @@ def _embed_part(
         )
     shadow.upsert(rows, dim=identity.dim)  # one transaction: a kill loses this part only
     done.embedded += len(rows)
+    if rows and isinstance(live, Lexical) and isinstance(shadow, Lexical):
+        # their readings now, outside a server's cut-over; the last pass copies what is left
+        keys = {item.id: item.key for item, _, _ in sources}
+        readings = live.ocr_readings(list(keys))
+        if readings:
+            shadow.set_ocr({keys[i]: r for i, r in readings.items()})
 
 
-# -- files -------------------------------------------------------------------------------------
+# -- where the indexes are ---------------------------------------------------------------------
 
 
-def _live_file(index: str | Path) -> Path:
+def _live(index: str | Path) -> Path | str:
+    """The live index's file, or its URL."""
     if is_url(index):
-        raise InputError(
-            "migrating a PostgreSQL index is not built yet: export it to an SQLite file or "
-            "re-index with the new model"
-        )
+        return str(index)
     path = Path(index)
     if not path.is_file():
         raise InputError(f"no index at {path}")
@@ -552,14 +592,121 @@ def _one_migrator(shadow: Path) -> Iterator[None]:
             lock.unlink(missing_ok=True)
 
 
-def _check_models(live: Store, identity: ModelIdentity, path: Path) -> str:
+def _check_models(live: Store, identity: ModelIdentity) -> str:
     """The live index's model id; raises when there is none or it is ``identity`` already."""
+    path = live.path
     meta = live.meta()
     if "model_id" not in meta:
         raise InputError(f"index {path} holds no items yet: index it with the new model instead")
     if meta["model_sha256"] == identity.sha256 and int(meta["dim"]) == identity.dim:
         raise InputError(f"index {path} is made by {identity.model_id} already")
     return meta["model_id"]
+
+
+def _since_cut(store: Store) -> tuple[str, int]:
+    """The index's model id, and how many items were written or deleted after its cut-over."""
+    meta = store.meta()
+    cut_at = meta.get(_CUT_AT)
+    written_since = 0
+    if cut_at is not None and "dim" in meta:
+        ids, _, gone = store.changes_since(int(cut_at), int(meta["dim"]))
+        written_since = len(ids) + len(gone)
+    return meta.get("model_id", ""), written_since
+
+
+def _shadow(live: Store, location: Path | str, model_id: str) -> Path | str:
+    """The shadow's file, or the URL of its schema (created when missing)."""
+    if isinstance(location, Path):
+        return shadow_path(location, model_id)
+    assert isinstance(live, PgStore)
+    return live.sibling(_schema_name(live.schema, "migrating", model_id))
+
+
+# -- PostgreSQL: sibling schemas ---------------------------------------------------------------
+
+
+def _schema_name(live: str, tag: str, model_id: str) -> str:
+    """The schema of the live schema ``live``'s shadow (``tag`` "migrating") or kept index
+    ("before") for ``model_id``: ``<live>.<tag>-<model id>``, the id hashed when too long."""
+    name = f"{live}.{tag}-{model_id}"
+    if len(name.encode()) > _MAX_IDENTIFIER:
+        name = f"{live}.{tag}-{hashlib.sha256(model_id.encode()).hexdigest()[:16]}"
+    if len(name.encode()) > _MAX_IDENTIFIER:
+        raise InputError(f"schema {live!r}: its name is too long to name a migration's schemas")
+    return name
+
+
+def _cut_over_schema(url: str, shadow: str, model_id: str, synced: int) -> str:
+    """Swap the shadow's tables into the live schema (the old ones kept in a schema of their
+    own) in one transaction; returns the kept schema's name."""
+    live = PgStore(url)
+    try:
+        here = live.schema
+        before = _schema_name(here, "before", model_id)
+        if before in live.schemas(before):
+            raise SearchIndexError(
+                f'a previous index is kept in schema "{before}": drop it (or roll back) before '
+                "cutting over"
+            )
+        target = open_store(shadow)
+        try:  # this write commits as the next version: what comes after it, a rollback loses
+            target.set_meta({_CUT_AT: target.write_version + 1})
+        finally:
+            target.close()
+        live.swap(before, _schema_name(here, "migrating", model_id), expect_version=synced)
+    finally:
+        live.close()
+    return before
+
+
+def _rollback_schema(url: str) -> RollbackReport:
+    """:func:`rollback` of a PostgreSQL index: the kept schema's tables swapped back."""
+    live = PgStore(url)
+    try:
+        here = live.schema
+        kept = live.schemas(f"{here}.before-")
+        if not kept:
+            raise InputError(f"no previous index is kept beside {live.path}: nothing to roll back")
+        if len(kept) > 1:
+            raise InputError(
+                f"more than one previous index is kept beside {live.path} (schemas "
+                f"{', '.join(kept)}); drop those you do not want, then roll back"
+            )
+        current_id, written_since = _since_cut(live)
+        with VectorIndex(live.sibling(kept[0]), readonly=True) as old:
+            stamp = old.stamp
+        shadow = _schema_name(here, "migrating", current_id)
+        if shadow in live.schemas(shadow):
+            raise SearchIndexError(
+                f'schema "{shadow}" exists already; drop it (an unfinished migration) and roll '
+                "back again"
+            )
+        live.swap(shadow, kept[0])
+    finally:
+        live.close()
+    log.info("index %s rolled back to %s", live.path, stamp)
+    return RollbackReport(
+        restored=kept[0],
+        model_id=stamp.model_id if stamp is not None else "",
+        shadow=shadow,
+        written_since=written_since,
+    )
+
+
+def remove_shadow(index: str | Path, model_id: str) -> None:
+    """Delete the shadow of ``index`` for ``model_id`` (a cancelled migration's)."""
+    location = _live(index)
+    if isinstance(location, Path):
+        VectorIndex.remove(shadow_path(location, model_id))
+        return
+    live = PgStore(location)
+    try:
+        live.drop_schema(_schema_name(live.schema, "migrating", model_id))
+    finally:
+        live.close()
+
+
+# -- files -------------------------------------------------------------------------------------
 
 
 def _cut_over(live_path: Path, shadow: Path, model_id: str, synced: int) -> Path:
@@ -613,7 +760,3 @@ def _link_or_copy(source: Path, target: Path) -> None:
 def _move(source: Path, target: Path) -> None:
     if source.exists():
         os.replace(source, target)
-
-
-def _glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)

@@ -25,7 +25,8 @@ from themis_clip.cli import main
 from themis_clip.collection import Collection, Query
 from themis_clip.errors import IndexModelMismatchError
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores import ItemRow, Lexical
+from themis_clip.index.where import parse_where
 from themis_clip.interface import EmbeddingResult, ImageData
 from themis_clip.migration import before_path, migrate_index, shadow_path
 
@@ -290,3 +291,62 @@ def test_an_item_that_cannot_be_re_embedded_is_named_and_stops_the_cut_over(
         assert migrated.store.get("uploaded-bare") is None
     with VectorIndex(before_path(index, _model_id(tiny_model_dir_b)), readonly=True) as old:
         assert old.store.get("uploaded-bare") is not None  # the old index still holds it
+
+
+def _reading(*texts: str) -> dict[str, object]:
+    box = [[10.0, 20.0], [110.0, 20.0], [110.0, 50.0], [10.0, 50.0]]
+    lines = [{"text": t, "box": box, "confidence": 0.9} for t in texts]
+    return {"width": 40, "height": 30, "gated": False, "lines": lines}
+
+
+def _text_answers(location: str) -> tuple[list[str], list[str]]:
+    """``search "bucks" --mode lexical`` and the ``$has_text`` items, as keys."""
+    with VectorIndex(location, readonly=True) as index:
+        store = index.store
+        assert isinstance(store, Lexical)
+        hits = store.items_by_id(store.lexical("bucks", 50, None))
+        with_text = store.items_by_id(sorted(store.ids_where(parse_where({"$has_text": True}))))
+        return sorted(h.key for h in hits.values()), sorted(h.key for h in with_text.values())
+
+
+def test_ocr_readings_move_with_the_items_without_being_read_again(
+    location: str,
+    tiny_model_dir: Path,
+    tiny_model_dir_b: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(12):
+        Image.fromarray(photo_like(40, 30, i)).save(photos / f"{i:02d}.png")
+    with Collection.open(location, _config(tiny_model_dir)) as collection:
+        collection.index_folder(photos)
+    keys = sorted(str(p) for p in photos.iterdir())
+    with VectorIndex(location) as live:
+        assert isinstance(live.store, Lexical)
+        readings = {
+            keys[0]: _reading("STARBUCKS COFFEE"),
+            keys[1]: _reading("Total 12.50"),
+            keys[2]: _reading(),  # read, nothing found: not read again either
+        }
+        assert live.store.set_ocr(readings) == 3
+    before = _text_answers(location)
+    assert before == ([keys[0]], keys[:2])
+
+    argv = ["migrate", "--index", location, "--to", str(tiny_model_dir_b), "--threads", "1"]
+    assert main([*argv, "--no-cut-over"]) == 0  # the shadow, its readings copied with it
+    with VectorIndex(location) as live:  # a picture read while the migration waits
+        assert isinstance(live.store, Lexical)
+        readings[keys[3]] = _reading("BUCKS FIZZ")
+        assert live.store.set_ocr({keys[3]: readings[keys[3]]}) == 1
+    before = _text_answers(location)
+    assert before == ([keys[0], keys[3]], [*keys[:2], keys[3]])
+    assert main(argv) == 0
+    assert "migrated 12 of 12 items" in capsys.readouterr().out
+    assert _text_answers(location) == before
+    with VectorIndex(location, readonly=True) as migrated:
+        assert isinstance(migrated.store, Lexical)
+        ids = {k: i for i, k in migrated.store.keys_by_id().items()}
+        got = migrated.store.ocr_readings(list(ids.values()))
+        assert {migrated.store.keys_by_id()[i]: r for i, r in got.items()} == readings

@@ -668,12 +668,12 @@ def test_an_item_added_over_http_keeps_a_preview_a_migration_re_embeds_at_full_s
     assert np.allclose(got, want.embedding, atol=1e-5)  # embedded from the kept preview
 
 
-def test_migrating_a_postgresql_index_is_refused_with_a_clear_error(
+def test_migrating_an_empty_postgresql_index_is_refused_with_a_clear_error(
     model_root: Path, tmp_path: Path, pg_url: str
 ) -> None:
     app = create_app(settings(model_root, tmp_path, index_path=pg_url))
     with TestClient(app) as client:
         admin = {"Authorization": f"Bearer {TOKEN}"}
         r = client.post("/admin/migrate", json={"path": "b"}, headers=admin)
-        assert "PostgreSQL index is not built yet" in error(r, 422, "ValidationError")
+        assert "holds no items yet" in error(r, 422, "ValidationError")
         assert client.get("/admin/migrate", headers=admin).json() == {"state": "idle"}

@@ -17,6 +17,7 @@ from themis_clip.cli.common import (
     start_plugin,
 )
 from themis_clip.config import ModelConfig, PluginConfig
+from themis_clip.index.stores import is_url
 from themis_clip.migration import MigrationReport, migrate_index, rollback
 
 #: Items listed by name in a report before "and N more".
@@ -29,7 +30,9 @@ def register(sub: Any) -> None:
         help="move an index to another model (resumable; the old index kept for --rollback)",
     )
     p.add_argument(
-        "--index", default=DEFAULT_INDEX, help=f"the SQLite index (default {DEFAULT_INDEX})"
+        "--index",
+        default=DEFAULT_INDEX,
+        help=f"the index: an SQLite file or a postgresql:// URL (default {DEFAULT_INDEX})",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
@@ -116,7 +119,7 @@ def _print_report(report: MigrationReport, args: argparse.Namespace) -> None:
     if len(report.missing) > _LISTED:
         print(f"... and {len(report.missing) - _LISTED} more that cannot be re-embedded")
     if report.before is not None:
-        print(f"live: {args.index} (the previous index kept as {report.before})")
+        print(f"live: {_where(args)} (the previous index kept as {report.before})")
     elif args.no_cut_over:
         print(f"shadow ready: {report.shadow}; run again without --no-cut-over to switch")
     else:
@@ -128,7 +131,7 @@ def _print_report(report: MigrationReport, args: argparse.Namespace) -> None:
 
 def _rollback(args: argparse.Namespace) -> int:
     report = rollback(args.index)
-    print(f"rolled back: {args.index} is {report.model_id} again (from {report.restored})")
+    print(f"rolled back: {_where(args)} is {report.model_id} again (from {report.restored})")
     print(f"the replaced index is kept as {report.shadow} (migrate again to resume from it)")
     if report.written_since:
         print(
@@ -136,6 +139,15 @@ def _rollback(args: argparse.Namespace) -> int:
             "not in the restored index"
         )
     return 0
+
+
+def _where(args: argparse.Namespace) -> str:
+    """The index, fit to print (a URL without its password)."""
+    if is_url(args.index):
+        from themis_clip.index.stores.postgres import redact
+
+        return redact(args.index)
+    return str(args.index)
 
 
 def _listed(keys: tuple[str, ...]) -> str:

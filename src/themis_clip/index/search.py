@@ -196,6 +196,7 @@ class VectorIndex:
             self.store.set_meta(
                 {"model_id": stamp.model_id, "model_sha256": stamp.sha256, "dim": stamp.dim}
             )
+            self.store.expect_model(stamp.sha256)
             return
         if current.sha256 != stamp.sha256 or current.dim != stamp.dim:
             raise IndexModelMismatchError(
@@ -205,6 +206,7 @@ class VectorIndex:
                 f"comparable. Re-index with this model (`themis-clip index DIR --index NEW_PATH`, "
                 f"or --rebuild to replace this index), or load model {current.model_id} again."
             )
+        self.store.expect_model(stamp.sha256)
 
     # -- search --------------------------------------------------------------------------------
 

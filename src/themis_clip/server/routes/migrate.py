@@ -25,15 +25,14 @@ from fastapi.responses import JSONResponse
 
 from themis_clip.config import PluginConfig
 from themis_clip.errors import ModelNotFoundError, SearchIndexError, ThemisClipError
-from themis_clip.index.search import VectorIndex
 from themis_clip.migration import (
     MigrationControl,
     MigrationReport,
     MigrationState,
     RollbackReport,
     migrate_index,
+    remove_shadow,
     rollback,
-    shadow_path,
 )
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
@@ -76,12 +75,6 @@ async def start(request: Request, state: StateDep) -> JSONResponse:
     body = await read_model(request, MigrateRequest)
     idx = state.require_index()
     _refuse_if_busy(state)
-    if idx.store.kind != "sqlite":
-        raise APIError(
-            422,
-            "ValidationError",
-            "migrating a PostgreSQL index is not built yet: re-index with the new model",
-        )
     target = await _target(state, body)
     serving = state.plugin.config or state.settings.plugin_config
     model = replace(
@@ -337,11 +330,10 @@ def _replace_index(state: AppState, move: Callable[[], Any]) -> None:
 
 
 async def _discard(state: AppState, job: MigrationJob) -> None:
-    shadow = shadow_path(_index_path(state), job.control.model_id)
-    await asyncio.to_thread(VectorIndex.remove, shadow)
+    await asyncio.to_thread(remove_shadow, _index_path(state), job.control.model_id)
     await asyncio.to_thread(job.migrator.shutdown, 0.0)
     job.control.set_state(MigrationState.CANCELLED)
-    log.info("migration to %s cancelled; shadow %s deleted", job.control.model_id, shadow)
+    log.info("migration to %s cancelled; its shadow deleted", job.control.model_id)
 
 
 def _blocked(report: MigrationReport) -> str:

@@ -1,9 +1,10 @@
 """The PostgreSQL store's schema and its migrations, the pgvector checks, and URLs without
 passwords (:mod:`.store` runs them).
 
-Schema (tables ``themis_*`` in the connection's schema; several collections in one database:
-``?options=-csearch_path%3Dname``), versioned in ``themis_meta.schema_version`` and migrated
-under an advisory lock, each migration in one transaction::
+Schema (tables ``themis_*`` in the connection's current schema, the first of its search path
+that exists; several collections in one database: ``?options=-csearch_path%3Dname``),
+versioned in ``themis_meta.schema_version`` and migrated under an advisory lock, each
+migration in one transaction::
 
     themis_meta(key PRIMARY KEY, value)        model_id, model_sha256, dim, write_version, ...
     themis_items(id bigserial, key UNIQUE, path, size, mtime_ns, sha256, metadata text,
@@ -194,8 +195,12 @@ def ensure_extension(conn: Any, *, where: str, readonly: bool) -> str:
 
 
 def schema_version(conn: Any) -> int:
-    """The index's schema version in ``conn``'s database (0: none yet)."""
-    exists = conn.execute("SELECT to_regclass('themis_meta')").fetchone()[0]
+    """The index's schema version in ``conn``'s current schema (0: none yet). Only that
+    schema counts: one searched after it (the live index, for a migration's shadow schema
+    searched ahead of it) is another index."""
+    exists = conn.execute(
+        "SELECT to_regclass(quote_ident(current_schema()) || '.themis_meta')"
+    ).fetchone()[0]
     if exists is None:
         return 0
     row = conn.execute("SELECT value FROM themis_meta WHERE key = 'schema_version'").fetchone()

@@ -25,11 +25,12 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import numpy.typing as npt
 
-from themis_clip.errors import SearchIndexError
+from themis_clip.errors import IndexModelMismatchError, SearchIndexError
 from themis_clip.index.lexical import trigrams
 from themis_clip.index.metadata import encode, validate_metadata
 from themis_clip.index.stores.base import StoreKind
@@ -131,6 +132,7 @@ class PgStore:
             open=True,
         )
         self._local = threading.local()  # this thread's connection while it holds one
+        self._model: str | None = None  # the model's sha256 an upsert expects (expect_model)
 
     @property
     def _writing(self) -> int:
@@ -247,6 +249,107 @@ class PgStore:
         finally:
             store.close()
 
+    # -- sibling schemas (a migration's shadow and the index it replaced) -----------------------
+
+    @property
+    def schema(self) -> str:
+        """The schema holding this index's tables (the connection's current schema)."""
+        with self.connection() as db:
+            return str(db.execute("SELECT current_schema()").fetchone()[0])
+
+    def schemas(self, prefix: str) -> list[str]:
+        """The schemas of this database whose name starts with ``prefix``, sorted."""
+        with self.connection() as db:
+            rows = db.execute(
+                "SELECT nspname FROM pg_namespace WHERE left(nspname, length(%s)) = %s "
+                "ORDER BY nspname",
+                (prefix, prefix),
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def sibling(self, schema: str) -> str:
+        """The URL of the index in ``schema`` of this database (the schema is created when
+        missing): this URL with ``schema`` first in its search path, so its tables are found
+        there and pgvector's types where this index finds them."""
+        from psycopg import sql
+
+        with self.connection() as db:
+            db.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+            (path,) = db.execute("SELECT current_schemas(false)").fetchone()
+        names = [schema, *(p for p in path if p != schema)]
+        quoted = ",".join('"' + n.replace('"', '""') + '"' for n in names)
+        escaped = quoted.replace("\\", "\\\\").replace(" ", "\\ ")  # libpq's options syntax
+        parts = urlsplit(self.url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        options = " ".join(v for k, v in query if k == "options")
+        query = [(k, v) for k, v in query if k != "options"]
+        query.append(("options", f"{options} -csearch_path={escaped}".strip()))
+        return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))
+
+    def swap(self, keep_as: str, take_from: str, *, expect_version: int | None = None) -> None:
+        """Move this index's tables into the schema ``keep_as`` and those of ``take_from`` into
+        this index's schema, in one transaction (a reader sees the old index or the new one,
+        never a mix), then drop the emptied ``take_from``.
+
+        Args:
+            expect_version: refuse when this index's ``write_version`` is another (a write
+                the caller has not caught up), checked with every table locked.
+
+        Raises:
+            SearchIndexError: ``take_from`` holds no index, ``keep_as`` holds one, or the
+                index was written since ``expect_version``.
+        """
+        import psycopg
+        from psycopg import sql
+
+        here = self.schema
+        moves = [(here, keep_as), (take_from, here)]
+        try:
+            with self.connection() as db, db.transaction():
+                locked = sql.SQL(", ").join(
+                    sql.Identifier(schema, t) for schema in (here, take_from) for t in TABLES
+                )
+                db.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(locked))
+                if expect_version is not None:
+                    (version,) = db.execute(
+                        "SELECT value::bigint FROM themis_meta WHERE key = 'write_version'"
+                    ).fetchone()
+                    if int(version) != expect_version:
+                        raise SearchIndexError(
+                            f"the index at {self.path} was written during the cut-over; run "
+                            "the migration again (its shadow is kept and catches up)"
+                        )
+                db.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(keep_as))
+                )
+                for source, target in moves:
+                    for table in TABLES:
+                        db.execute(
+                            sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                                sql.Identifier(source, table), sql.Identifier(target)
+                            )
+                        )
+                    db.execute(
+                        sql.SQL("ALTER FUNCTION {}(text) SET SCHEMA {}").format(
+                            sql.Identifier(source, "themis_instant"), sql.Identifier(target)
+                        )
+                    )
+                db.execute(sql.SQL("DROP SCHEMA {}").format(sql.Identifier(take_from)))
+        except psycopg.Error as exc:
+            raise SearchIndexError(
+                f"cannot swap the index at {self.path} with schema {take_from!r}: {first_line(exc)}"
+            ) from exc
+
+    def drop_schema(self, schema: str) -> None:
+        """Delete the schema ``schema`` with everything in it (a migration's shadow or the
+        index it replaced); never this index's own."""
+        from psycopg import sql
+
+        if schema == self.schema:
+            raise SearchIndexError(f"schema {schema!r} holds the live index at {self.path}")
+        with self.connection() as db:
+            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
     @contextmanager
     def transaction(self) -> Iterator[Any]:
         """One atomic write, numbered: ``write_version`` is bumped first (ordering writers)."""
@@ -299,8 +402,29 @@ class PgStore:
 
     # -- items ---------------------------------------------------------------------------------
 
+    def expect_model(self, sha256: str) -> None:
+        """Refuse later upserts if the index is then made by a model other than ``sha256``,
+        checked inside each upsert's transaction: another server's migration may cut over
+        between a writer's model check and its write."""
+        self._model = sha256
+
+    def _check_model(self, db: Any) -> None:
+        if self._model is None:
+            return
+        meta = dict(
+            db.execute(
+                "SELECT key, value FROM themis_meta WHERE key IN ('model_id', 'model_sha256')"
+            ).fetchall()
+        )
+        if meta.get("model_sha256", self._model) != self._model:
+            raise IndexModelMismatchError(
+                f"the index at {self.path} is now made by model {meta.get('model_id')} (it was "
+                "migrated): load that model (POST /admin/reload) to write to it again"
+            )
+
     def upsert(self, rows: Sequence[ItemRow], *, dim: int) -> None:
-        """Insert or replace ``rows`` (matched by key) in one transaction."""
+        """Insert or replace ``rows`` (matched by key) in one transaction (refused when the
+        index's model is not the one :meth:`expect_model` names)."""
         if not rows:
             return
         values = []
@@ -320,6 +444,7 @@ class PgStore:
                 )
             )
         with self.transaction() as db:
+            self._check_model(db)
             self._set_dimension(db, dim)
             written = self._writing
             with db.cursor() as cur:

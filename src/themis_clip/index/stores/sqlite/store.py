@@ -304,6 +304,9 @@ class SQLiteStore:
 
     # -- items ---------------------------------------------------------------------------------
 
+    def expect_model(self, sha256: str) -> None:
+        """Nothing to check: a cut-over waits until no other process has the file open."""
+
     def upsert(self, rows: Sequence[ItemRow], *, dim: int) -> None:
         """Insert or replace ``rows`` (matched by key) in one transaction."""
         if not rows:
