@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
@@ -20,14 +19,13 @@ import pytest
 from PIL import Image
 
 from tests.helpers import encode, make_plugin, photo_like
-from themis_clip import ModelConfig, PluginConfig
+from tests.migrating import _SLOW_MIGRATION, _config, _Counting, _model_id
 from themis_clip.cli import main
 from themis_clip.collection import Collection, Query
 from themis_clip.errors import IndexModelMismatchError
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow, Lexical
 from themis_clip.index.where import parse_where
-from themis_clip.interface import EmbeddingResult, ImageData
 from themis_clip.migration import before_path, migrate_index, shadow_path
 
 ITEMS = 200
@@ -45,10 +43,6 @@ def library(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> t
     with Collection.open(index, _config(tiny_model_dir)) as collection:
         assert collection.index_folder(photos).added == ITEMS
     return photos, index
-
-
-def _config(model: Path) -> PluginConfig:
-    return PluginConfig(model=ModelConfig(path=str(model)))
 
 
 def _copy(library: tuple[Path, Path], tmp_path: Path) -> Path:
@@ -140,40 +134,6 @@ def test_one_migration_of_an_index_to_a_model_at_a_time(
         assert not Path(f"{shadow}.lock").exists()
     finally:
         plugin.shutdown()
-
-
-def _model_id(model: Path) -> str:
-    plugin = make_plugin(model)
-    try:
-        assert plugin.model_identity is not None
-        return plugin.model_identity.model_id
-    finally:
-        plugin.shutdown()
-
-
-_SLOW_MIGRATION = """
-import sys, time
-from themis_clip.plugin import OnnxClipPlugin
-embed = OnnxClipPlugin.generate_embedding_batch
-def slowly(self, images):
-    time.sleep(0.05)  # a model slow enough to be killed mid-way
-    return embed(self, images)
-OnnxClipPlugin.generate_embedding_batch = slowly
-from themis_clip.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-class _Counting:
-    """The new model, counting what it is asked to embed."""
-
-    def __init__(self, model: Path) -> None:
-        self.plugin = make_plugin(model)
-        self.seen: list[str] = []
-
-    def generate_embedding_batch(self, images: Sequence[ImageData]) -> list[EmbeddingResult]:
-        self.seen += [str(i) for i in images]
-        return self.plugin.generate_embedding_batch(images)
 
 
 def _committed(shadow: Path) -> set[str]:

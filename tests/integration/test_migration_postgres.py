@@ -20,8 +20,17 @@ import pytest
 from PIL import Image
 
 from tests.helpers import ServerProcess, photo_like
-from tests.integration.test_migration import _SLOW_MIGRATION, _config, _Counting, _model_id
-from tests.integration.test_migration_server import ADMIN, TOKEN, _Load, _search, _wait
+from tests.migrating import (
+    _SLOW_MIGRATION,
+    ADMIN,
+    TOKEN,
+    _config,
+    _Counting,
+    _Load,
+    _model_id,
+    _search,
+    _wait,
+)
 from tests.pg import PgServer
 from themis_clip.cli import main
 from themis_clip.collection import Collection, Query

@@ -5,17 +5,13 @@ a committed item again; a rollback restores the old answers exactly."""
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 import shutil
 import signal
 import sqlite3
-import threading
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -23,6 +19,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import ServerProcess, make_plugin, photo_like
+from tests.migrating import ADMIN, TEXTS, TOKEN, K, _Load, _model_id, _png, _search, _wait
 from themis_clip import ModelConfig, PluginConfig
 from themis_clip.collection import Collection
 from themis_clip.files import file_lock
@@ -31,10 +28,6 @@ from themis_clip.migration import before_path, shadow_path
 
 pytestmark = pytest.mark.slow
 ITEMS = 2000
-TOKEN = "migrate-token"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
-TEXTS = ["a photo of a dog", "a red car", "mountains at dusk"]
-K = 10
 
 
 @pytest.fixture(scope="module")
@@ -74,87 +67,6 @@ def _serve(models: Path, index: Path) -> ServerProcess:
     )
 
 
-def _search(c: httpx.Client, text: str) -> dict[str, Any]:
-    r = c.post("/search", json={"text": text, "k": K, "cut": "none"}, headers=ADMIN)
-    assert r.status_code == 200, r.text
-    out: dict[str, Any] = r.json()
-    return out
-
-
-def _wait(c: httpx.Client, states: tuple[str, ...], timeout_s: float = 600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status: dict[str, Any] = c.get("/admin/migrate", headers=ADMIN).json()
-        if status["state"] in states:
-            return status
-        assert status["state"] not in ("failed", "cancelled", "blocked"), status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.05)
-
-
-def _png(seed: int) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(photo_like(40, 30, 10_000 + seed)).save(buf, "PNG")
-    return buf.getvalue()
-
-
-class _Load:
-    """Searches from two threads and writes from a third until stopped; every answer kept."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.stop = threading.Event()
-        self.failures: list[str] = []
-        self.answers: list[tuple[str, str, list[str]]] = []  # (text, model id, keys)
-        self.written: list[str] = []
-        self.threads = [
-            threading.Thread(target=self._searches, args=(0,)),
-            threading.Thread(target=self._searches, args=(1,)),
-            threading.Thread(target=self._writes),
-        ]
-
-    def __enter__(self) -> _Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def _searches(self, k: int) -> None:
-        with httpx.Client(base_url=self.base, timeout=60) as c:
-            n = k
-            while not self.stop.is_set():
-                text = TEXTS[n % len(TEXTS)]
-                n += 1
-                r = c.post("/search", json={"text": text, "k": K, "cut": "none"}, headers=ADMIN)
-                if r.status_code != 200:
-                    self.failures.append(f"search {r.status_code}: {r.text[:300]}")
-                    continue
-                body = r.json()
-                self.answers.append((text, body["model_id"], [h["id"] for h in body["results"]]))
-
-    def _writes(self) -> None:
-        with httpx.Client(base_url=self.base, timeout=60) as c:
-            n = 0
-            while not self.stop.is_set():
-                key = f"written-{n}"
-                image = base64.b64encode(_png(n)).decode()
-                r = c.post(
-                    "/index/items",
-                    json={"items": [{"id": key, "image": image, "metadata": {"n": n}}]},
-                    headers=ADMIN,
-                )
-                if r.status_code != 200:
-                    self.failures.append(f"write {r.status_code}: {r.text[:300]}")
-                else:
-                    self.written.append(key)
-                n += 1
-                self.stop.wait(0.05)  # a steady trickle of writes, not a flood
-
-
 def _rankings(index: Path, model: Path) -> dict[str, list[str]]:
     """Each text's ranking of the folder's items (written ones left out) by ``model``."""
     config = PluginConfig(model=ModelConfig(path=str(model)))
@@ -167,15 +79,6 @@ def _rankings(index: Path, model: Path) -> dict[str, list[str]]:
             ]
             for text in TEXTS
         }
-
-
-def _model_id(model: Path) -> str:
-    plugin = make_plugin(model)
-    try:
-        assert plugin.model_identity is not None
-        return plugin.model_identity.model_id
-    finally:
-        plugin.shutdown()
 
 
 def _consistent(keys: list[str], ranking: list[str]) -> bool:
