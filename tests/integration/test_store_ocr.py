@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import STAMP, unit
-from themis_clip import SearchIndexError
+from themis_clip import InputError, SearchIndexError
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
 from themis_clip.index.stores import ItemRow
@@ -109,6 +109,16 @@ def test_results_name_the_matched_lines_and_boxes(location: str) -> None:
         assert by_key["/p/5.jpg"] == ()  # found by its vector only
         near = index.search(unit(5), 8, where=parse_where({"$has_text": True}))
         assert sorted(h.key for h in near) == ["/p/0.jpg", "/p/1.jpg", "/p/2.jpg"]
+
+
+def test_a_nul_in_the_query_is_refused_naming_it(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(items(), dim=DIM)
+        index.store.set_ocr(READINGS)
+        for mode in (QueryMode.LEXICAL, QueryMode.HYBRID):
+            with pytest.raises(InputError, match="NUL"):
+                search_page(index, mode=mode, k=5, identity={}, text="bu\x00cks", vector=unit(1))
 
 
 def test_readings_follow_their_items(location: str) -> None:
