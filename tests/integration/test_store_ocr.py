@@ -111,6 +111,30 @@ def test_results_name_the_matched_lines_and_boxes(location: str) -> None:
         assert sorted(h.key for h in near) == ["/p/0.jpg", "/p/1.jpg", "/p/2.jpg"]
 
 
+def test_query_words_are_letters_and_digits_folded_like_the_text(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(items(), dim=DIM)
+        index.store.set_ocr(
+            {
+                "/p/0.jpg": reading("STARBUCKS COFFEE"),
+                "/p/1.jpg": reading("ÇA VA, MERCI"),
+                "/p/2.jpg": reading("Hotel (Ritz)"),
+                "/p/3.jpg": reading("ＴＯＫＹＯ ｔｏｗｅｒ"),  # full-width
+            }
+        )
+        for punctuated in ['"hotel"', "hotel.", "(ritz"]:
+            assert found(index, punctuated) == ["/p/2.jpg"], punctuated
+        for punctuated in ["bucks,", "bucks?", "(bucks", "«starbucks»", "ＳＴＡＲＢＵＣＫＳ"]:
+            assert found(index, punctuated) == ["/p/0.jpg"], punctuated
+        for accented in ["ça", "ÇA", "ça va", "merci!"]:  # SQLite's lower() folds ASCII only
+            assert found(index, accented) == ["/p/1.jpg"], accented
+        assert found(index, "tokyo tower") == ["/p/3.jpg"]
+        assert found(index, "?!") == []  # no word at all
+        page = search_page(index, mode=QueryMode.LEXICAL, k=5, identity={}, text="(bucks)")
+        assert [m["text"] for m in page.hits[0].text_matches] == ["STARBUCKS COFFEE"]
+
+
 def test_a_nul_in_the_query_is_refused_naming_it(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)
