@@ -277,3 +277,30 @@ def test_items_are_stored_first_and_read_within_the_deadline(tmp_path: Path, gal
         while not any("(request gone)" in line for line in server.log):
             assert time.monotonic() < deadline, "".join(server.log[-20:])
             time.sleep(0.1)
+
+
+def test_a_bad_ocr_model_is_one_line_before_serving_or_indexing(
+    tmp_path: Path, gallery: Path
+) -> None:
+    import subprocess
+
+    settings = tmp_path / "config.json"
+    model = str(demo_model_path())
+    for missing in (tmp_path / "nowhere", tmp_path):  # no folder; a folder without a detector
+        settings.write_text(
+            json.dumps({"model": {"path": model}, "ocr": {"enabled": True, "models": str(missing)}})
+        )
+        for command in (
+            ["serve", "--port", "0", "--index", str(tmp_path / "s.db"), "--new-index"],
+            ["index", str(gallery), "--index", str(tmp_path / "i.db")],
+        ):
+            done = subprocess.run(
+                [EXE, *command, "--config", str(settings), "--backend", "cpu"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 2, done.stderr
+            (line,) = done.stderr.strip().splitlines()
+            assert "OCR model" in line and str(missing) in line and "listening" not in line, line
