@@ -5,15 +5,17 @@ matched lines in results, and no cost for an index that never read any."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes import STAMP, unit
 from themis_clip import InputError, SearchIndexError
+from themis_clip.index.indexer import IndexReport, read_texts
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores import ItemRow, Lexical
 from themis_clip.index.where import parse_where
 
 DIM = 16
@@ -194,3 +196,34 @@ def test_an_index_without_ocr_has_no_rows(tmp_path: Any) -> None:
     assert db.execute("SELECT count(*) FROM ocr").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM ocr_lexical").fetchone() == (0,)
     db.close()
+
+
+def test_readings_made_before_a_stop_are_kept(location: str, tmp_path: Path) -> None:
+    """SIGTERM reaches ``index --ocr`` as an exception in its main thread (as Ctrl-C does):
+    what was read in the chunk in flight is saved, not read again next time."""
+
+    class Stopped(BaseException):
+        pass
+
+    seen: list[Path] = []
+
+    def read_text(path: Path) -> dict[str, Any]:
+        if len(seen) == 5:
+            raise Stopped
+        seen.append(path)
+        return reading(["ALPHA", "BRAVO", "CHARLIE", "DELTA", "ECHO"][len(seen) - 1])
+
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        rows = [
+            ItemRow(key=str(tmp_path / f"{i}.jpg"), path=str(tmp_path / f"{i}.jpg"), vector=unit(i))
+            for i in range(8)
+        ]
+        index.store.upsert(rows, dim=DIM)
+        report = IndexReport()
+        with pytest.raises(Stopped):
+            read_texts(index.store, tmp_path, read_text, report, chunk=128)
+        assert report.read == 5
+        assert isinstance(index.store, Lexical)
+        assert len(index.store.unread_under(str(tmp_path))) == 3
+        assert found(index, "echo") == [str(seen[4])]
