@@ -304,3 +304,4 @@ def test_a_bad_ocr_model_is_one_line_before_serving_or_indexing(
             assert done.returncode == 2, done.stderr
             (line,) = done.stderr.strip().splitlines()
             assert "OCR model" in line and str(missing) in line and "listening" not in line, line
+        assert not (tmp_path / "i.db").exists()  # the index a failed run created is removed
