@@ -21,6 +21,7 @@ from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import (
     BackendUnavailableError,
+    ModelError,
     ModelFormatError,
     ModelMismatchError,
     ThemisClipError,
@@ -282,17 +283,20 @@ def load_ocr(config: PluginConfig, *, budget: PixelBudget | None = None) -> OCRE
 
     Raises:
         ModelNotFoundError, ModelFormatError, BackendUnavailableError: as
-        :meth:`OCREngine.load`.
+        :meth:`OCREngine.load`, the message naming the OCR model.
     """
     backend = config.backend if config.backend is not BackendType.AUTO else auto_backend()
-    return OCREngine.load(
-        config.ocr,
-        backend=backend,
-        settings=session_settings(config),
-        available=[] if backend is BackendType.CPU else None,
-        max_image_pixels=config.preprocess.max_image_pixels,
-        budget=budget,
-    )
+    try:
+        return OCREngine.load(
+            config.ocr,
+            backend=backend,
+            settings=session_settings(config),
+            available=[] if backend is BackendType.CPU else None,
+            max_image_pixels=config.preprocess.max_image_pixels,
+            budget=budget,
+        )
+    except (ModelError, BackendUnavailableError) as exc:  # said apart from the CLIP model's
+        raise type(exc)(f"the OCR model (ocr.models): {exc}") from exc
 
 
 def declared_preprocessor(

@@ -214,3 +214,18 @@ def test_an_immich_ocr_repo_is_pulled_by_name_then_read_offline(tmp_path: Path) 
         "recognition/model.onnx",
         "textline_orientation/model.onnx",
     }
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA"])
+def test_black_text_on_a_transparent_png_is_read(engine: OCREngine, mode: str) -> None:
+    """Transparent pixels are often stored black: read as RGB, black text vanishes into them."""
+    import io
+
+    from PIL import ImageDraw, ImageFont
+
+    img = Image.new("RGBA", (900, 240), (0, 0, 0, 0))
+    font = ImageFont.truetype(str(FONTS[0]), 90)
+    ImageDraw.Draw(img).text((40, 60), "STARBUCKS", font=font, fill=(0, 0, 0, 255))
+    out = io.BytesIO()
+    img.convert(mode).save(out, format="PNG")
+    assert any("STARBUCKS" in line.text for line in engine.read_text(out.getvalue()).lines)

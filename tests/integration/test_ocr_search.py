@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -236,3 +237,71 @@ def test_the_viewer_outlines_the_matched_text(ocr_server: httpx.Client, gallery:
         browser.wait_for("document.querySelectorAll('#v-marks polygon').length === 0")
     finally:
         browser.close()
+
+
+def _items(gallery: Path, prefix: str, n: int) -> list[dict[str, str]]:
+    import base64
+
+    data = (
+        "data:image/jpeg;base64," + base64.b64encode((gallery / "cafe.jpg").read_bytes()).decode()
+    )
+    return [{"id": f"{prefix}{i}", "image": data} for i in range(n)]
+
+
+def test_items_are_stored_first_and_read_within_the_deadline(tmp_path: Path, gallery: Path) -> None:
+    """More pictures than the deadline lets OCR read: every item is stored, those read are
+    found by their text, the answer counts the rest; a client that leaves stops the reading."""
+    settings = tmp_path / "config.json"
+    settings.write_text(
+        json.dumps({"model": {"path": str(demo_model_path())}, "ocr": {"enabled": True}})
+    )
+    args = ["--config", str(settings), "--index", str(tmp_path / "i.db"), "--backend", "cpu"]
+    with (
+        ServerProcess([*args, "--request-timeout-s", "6"]) as server,
+        httpx.Client(base_url=server.base, timeout=120) as client,
+    ):
+        added = client.post("/index/items", json={"items": _items(gallery, "a", 40)})
+        assert added.status_code == 200, added.text
+        body = added.json()
+        assert body["added"] == 40 and 0 < body["text_unread"] < 40, body
+        everything = client.post("/search", json={"mode": "browse", "k": 100}).json()
+        assert len(everything["results"]) == 40
+        read = client.post(
+            "/search", json={"text": "bucks", "mode": "lexical", "k": 100, "cut": "none"}
+        ).json()["results"]
+        assert len(read) == 40 - body["text_unread"]
+        # A client that gives up: the server stops reading before the next picture.
+        with pytest.raises(httpx.TimeoutException):
+            client.post("/index/items", json={"items": _items(gallery, "b", 40)}, timeout=2.5)
+        deadline = time.monotonic() + 20
+        while not any("(request gone)" in line for line in server.log):
+            assert time.monotonic() < deadline, "".join(server.log[-20:])
+            time.sleep(0.1)
+
+
+def test_a_bad_ocr_model_is_one_line_before_serving_or_indexing(
+    tmp_path: Path, gallery: Path
+) -> None:
+    import subprocess
+
+    settings = tmp_path / "config.json"
+    model = str(demo_model_path())
+    for missing in (tmp_path / "nowhere", tmp_path):  # no folder; a folder without a detector
+        settings.write_text(
+            json.dumps({"model": {"path": model}, "ocr": {"enabled": True, "models": str(missing)}})
+        )
+        for command in (
+            ["serve", "--port", "0", "--index", str(tmp_path / "s.db"), "--new-index"],
+            ["index", str(gallery), "--index", str(tmp_path / "i.db")],
+        ):
+            done = subprocess.run(
+                [EXE, *command, "--config", str(settings), "--backend", "cpu"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 2, done.stderr
+            (line,) = done.stderr.strip().splitlines()
+            assert "OCR model" in line and str(missing) in line and "listening" not in line, line
+        assert not (tmp_path / "i.db").exists()  # the index a failed run created is removed

@@ -196,6 +196,8 @@ def test_hybrid_finds_file_names_and_caption_words_first(client: httpx.Client) -
     assert filtered["results"] == []
     assert "text part" in error(client, 422, item=key(1), mode="lexical")
     assert error(client, 422, text="x", mode="fuzzy")
+    for mode in ("hybrid", "lexical"):  # refused before any store sees it
+        assert "NUL" in error(client, 422, text="bu\u0000cks", mode=mode)
     # Several text parts: the first one's words are matched (as the CLI's TEXT with --add);
     # the others shape only the vector, so "IMG_4711" still finds its file first.
     parts = [{"text": "IMG_4711"}, {"text": "a red circle", "weight": 0.5}]

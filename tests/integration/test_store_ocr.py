@@ -5,15 +5,17 @@ matched lines in results, and no cost for an index that never read any."""
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fakes import STAMP, unit
-from themis_clip import SearchIndexError
+from themis_clip import InputError, SearchIndexError
+from themis_clip.index.indexer import IndexReport, read_texts
 from themis_clip.index.query import QueryMode, search_page
 from themis_clip.index.search import VectorIndex
-from themis_clip.index.stores import ItemRow
+from themis_clip.index.stores import ItemRow, Lexical
 from themis_clip.index.where import parse_where
 
 DIM = 16
@@ -111,6 +113,40 @@ def test_results_name_the_matched_lines_and_boxes(location: str) -> None:
         assert sorted(h.key for h in near) == ["/p/0.jpg", "/p/1.jpg", "/p/2.jpg"]
 
 
+def test_query_words_are_letters_and_digits_folded_like_the_text(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(items(), dim=DIM)
+        index.store.set_ocr(
+            {
+                "/p/0.jpg": reading("STARBUCKS COFFEE"),
+                "/p/1.jpg": reading("ÇA VA, MERCI"),
+                "/p/2.jpg": reading("Hotel (Ritz)"),
+                "/p/3.jpg": reading("ＴＯＫＹＯ ｔｏｗｅｒ"),  # full-width
+            }
+        )
+        for punctuated in ['"hotel"', "hotel.", "(ritz"]:
+            assert found(index, punctuated) == ["/p/2.jpg"], punctuated
+        for punctuated in ["bucks,", "bucks?", "(bucks", "«starbucks»", "ＳＴＡＲＢＵＣＫＳ"]:
+            assert found(index, punctuated) == ["/p/0.jpg"], punctuated
+        for accented in ["ça", "ÇA", "ça va", "merci!"]:  # SQLite's lower() folds ASCII only
+            assert found(index, accented) == ["/p/1.jpg"], accented
+        assert found(index, "tokyo tower") == ["/p/3.jpg"]
+        assert found(index, "?!") == []  # no word at all
+        page = search_page(index, mode=QueryMode.LEXICAL, k=5, identity={}, text="(bucks)")
+        assert [m["text"] for m in page.hits[0].text_matches] == ["STARBUCKS COFFEE"]
+
+
+def test_a_nul_in_the_query_is_refused_naming_it(location: str) -> None:
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(items(), dim=DIM)
+        index.store.set_ocr(READINGS)
+        for mode in (QueryMode.LEXICAL, QueryMode.HYBRID):
+            with pytest.raises(InputError, match="NUL"):
+                search_page(index, mode=mode, k=5, identity={}, text="bu\x00cks", vector=unit(1))
+
+
 def test_readings_follow_their_items(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)
@@ -160,3 +196,34 @@ def test_an_index_without_ocr_has_no_rows(tmp_path: Any) -> None:
     assert db.execute("SELECT count(*) FROM ocr").fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM ocr_lexical").fetchone() == (0,)
     db.close()
+
+
+def test_readings_made_before_a_stop_are_kept(location: str, tmp_path: Path) -> None:
+    """SIGTERM reaches ``index --ocr`` as an exception in its main thread (as Ctrl-C does):
+    what was read in the chunk in flight is saved, not read again next time."""
+
+    class Stopped(BaseException):
+        pass
+
+    seen: list[Path] = []
+
+    def read_text(path: Path) -> dict[str, Any]:
+        if len(seen) == 5:
+            raise Stopped
+        seen.append(path)
+        return reading(["ALPHA", "BRAVO", "CHARLIE", "DELTA", "ECHO"][len(seen) - 1])
+
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        rows = [
+            ItemRow(key=str(tmp_path / f"{i}.jpg"), path=str(tmp_path / f"{i}.jpg"), vector=unit(i))
+            for i in range(8)
+        ]
+        index.store.upsert(rows, dim=DIM)
+        report = IndexReport()
+        with pytest.raises(Stopped):
+            read_texts(index.store, tmp_path, read_text, report, chunk=128)
+        assert report.read == 5
+        assert isinstance(index.store, Lexical)
+        assert len(index.store.unread_under(str(tmp_path))) == 3
+        assert found(index, "echo") == [str(seen[4])]

@@ -30,6 +30,15 @@ def test_similarity_tolerates_a_misread_letter_not_another_word() -> None:
 
 
 def test_ocr_score_needs_every_word() -> None:
+    assert ocr_words('"Hotel" (bucks), ＳＴＡＲ ÇA 12.50') == [
+        "hotel",
+        "bucks",
+        "star",
+        "ça",
+        "12",
+        "50",
+    ]
+    assert ocr_words("?! --") == []
     words = ocr_words("Bucks  COFFEE bucks")
     assert words == ["bucks", "coffee"]
     assert ocr_score(words, "STARBUCKS COFFEE") == 1.0

@@ -135,8 +135,13 @@ def _index(args: argparse.Namespace, folder: Path) -> int:
     # An index this run creates is removed again if the model never opens (an empty file
     # with no model bound was left behind, which a later search called "open read-only").
     fresh = not is_url(args.index) and not Path(args.index).exists()
-    collection = Collection.open(args.index, config_from(args), settings=settings)
+    config = config_from(args)
+    collection = Collection.open(args.index, config, settings=settings)
+    ocr_opened = False
     try:
+        if args.ocr or config.ocr.enabled:
+            collection.ocr  # noqa: B018 -- a bad OCR model fails before any work
+        ocr_opened = True
         update, bar = progress_bar("indexing")
         with bar:
             report = collection.index_folder(
@@ -144,7 +149,7 @@ def _index(args: argparse.Namespace, folder: Path) -> int:
             )
         _prepare_graph(collection.index)
     except BaseException:
-        failed_to_open = _model_failed(collection)
+        failed_to_open = not ocr_opened or _model_failed(collection)
         collection.close()
         if fresh and failed_to_open:
             VectorIndex.remove(args.index)

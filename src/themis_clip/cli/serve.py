@@ -35,6 +35,7 @@ from themis_clip.cli.common import (
 )
 from themis_clip.errors import ConfigError
 from themis_clip.index.search import VectorIndex
+from themis_clip.loading import load_ocr
 
 
 def register(sub: Any) -> None:
@@ -212,6 +213,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
     )
     plugin = start_plugin(args, settings.plugin_config)
+    ocr = None
+    if index_path and config.ocr.enabled:  # items added over HTTP are read
+        ocr = load_ocr(settings.plugin_config, budget=plugin.pixel_budget)
     # Bind here, so that --port 0 picks a free port and the line below says which (tests and
     # supervisors read it; nothing races for a port between choosing and binding it).
     sock = listening_socket(args.host, args.port, send_timeout_s=args.send_timeout_s)
@@ -236,7 +240,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # SIGINT and SIGTERM stop it gracefully: requests in flight get DRAIN_S to finish, then
     # the model stops the runs still going (an endless or very slow model cannot hold the
     # process), and the server closes; exit code 0.
-    app = cast("ASGIFramework", create_app(settings, plugin=plugin))  # Starlette's ASGI types
+    app = cast(
+        "ASGIFramework", create_app(settings, plugin=plugin, ocr=ocr)
+    )  # Starlette's ASGI types
     asyncio.run(serve(app, server, mode="asgi", shutdown_trigger=_stopping(plugin)))
     print("themis-clip: stopped", file=sys.stderr)
     return 0

@@ -458,7 +458,8 @@ def read_texts(
     progress: Progress | None = None,
 ) -> None:
     """Read the text in the items under ``folder`` that have no reading, committing each
-    ``chunk``; vectors are untouched. A picture OCR cannot read is listed in
+    ``chunk`` and, when an exception stops the run, what was read of the chunk in flight;
+    vectors are untouched. A picture OCR cannot read is listed in
     ``report.unread`` and tried again next time.
 
     Raises:
@@ -471,14 +472,16 @@ def read_texts(
         progress(0, len(todo))
     for start in range(0, len(todo), chunk):
         readings: dict[str, Mapping[str, Any]] = {}
-        for item in todo[start : start + chunk]:
-            try:
-                reading = read_text(Path(item.path or item.key))
-            except (ThemisClipError, OSError) as exc:
-                report.unread.append((item.path or item.key, str(exc)))
-                continue
-            readings[item.key] = reading
-            report.with_text += bool(reading.get("lines"))
-        report.read += store.set_ocr(readings)
+        try:
+            for item in todo[start : start + chunk]:
+                try:
+                    reading = read_text(Path(item.path or item.key))
+                except (ThemisClipError, OSError) as exc:
+                    report.unread.append((item.path or item.key, str(exc)))
+                    continue
+                readings[item.key] = reading
+                report.with_text += bool(reading.get("lines"))
+        finally:  # stopped part-way (SIGTERM and Ctrl-C raise here): what was read is kept
+            report.read += store.set_ocr(readings)
         if progress is not None:
             progress(min(start + chunk, len(todo)), len(todo))

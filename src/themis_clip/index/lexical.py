@@ -10,9 +10,13 @@ as plain words (``plainto_tsquery``). Both require every query word (AND). The S
 with each store's schema (:mod:`.stores.sqlite.schema`, :mod:`.stores.postgres.schema`); user text
 only ever travels as a bound parameter.
 
-The text read in a picture (OCR) is matched by **substring**, case-insensitively: every query
-word must occur in it (``bucks`` finds ``STARBUCKS``). Both stores find candidates through an
-index of trigrams (SQLite: FTS5's ``trigram`` tokenizer; PostgreSQL: a GIN-indexed array of
+The text read in a picture (OCR) is matched by **substring**: every query word must occur in
+it (``bucks`` finds ``STARBUCKS``). Query words are its runs of letters and digits, as the
+text is split (``"hotel"`` and ``(bucks,`` search ``hotel`` and ``bucks``), and query and text
+are both :func:`fold`-ed (NFKC and case-folded, in Python on both stores: SQLite's ``lower()``
+folds ASCII only), so full-width ``ＳＴＡＲＢＵＣＫＳ`` finds ``STARBUCKS``
+and ``ça`` finds ``ÇA``. Both stores find candidates through an index of trigrams
+(SQLite: FTS5's ``trigram`` tokenizer; PostgreSQL: a GIN-indexed array of
 :func:`trigrams`, since ``pg_trgm`` is a contrib module that many servers, the embedded test
 builds among them, do not ship). A query word shorter than three characters has no trigram:
 it is checked on the OCR rows alone (a scan of the items that have text, not of the index).
@@ -26,6 +30,7 @@ shorter search's results are always the start of a longer one's (stable pages).
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -34,6 +39,7 @@ __all__ = [
     "RRF_K",
     "TOLERANCE",
     "TOLERANT_MIN_CHARS",
+    "fold",
     "fts5_query",
     "fuse",
     "interleave",
@@ -83,10 +89,17 @@ def fuse(rankings: Sequence[Sequence[T]], *, k: int = RRF_K) -> list[tuple[T, fl
     return [pair for _, pair in order]
 
 
+def fold(text: str) -> str:
+    """``text`` NFKC-normalised and case-folded: how OCR text is stored and searched, so that
+    full-width, ligature and accented capitals match their plain lower-case forms."""
+    return unicodedata.normalize("NFKC", text).casefold()
+
+
 def ocr_words(text: str) -> list[str]:
-    """The lower-cased words of a query as OCR text is searched for them (whitespace-split,
-    duplicates dropped, in order)."""
-    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+    """The words of a query as OCR text is searched for them: the runs of letters and digits
+    of the :func:`fold`-ed query (punctuation around or inside a word splits it), duplicates
+    dropped, in order."""
+    return list(dict.fromkeys(_ALNUM.findall(fold(text))))
 
 
 def trigrams(word: str, *, padded: bool = True) -> set[str]:
@@ -110,13 +123,14 @@ def similarity(word: str, text: str) -> float:
 
 
 def _word_matches(word: str, text: str) -> float:
-    """1 when ``word`` is a substring of ``text`` (any case), else its :func:`similarity` when
-    tolerance applies and reaches :data:`TOLERANCE`, else 0."""
-    if word in text.lower():
+    """1 when ``word`` (an :func:`ocr_words` word) is a substring of ``text`` folded, else its
+    :func:`similarity` when tolerance applies and reaches :data:`TOLERANCE`, else 0."""
+    folded = fold(text)
+    if word in folded:
         return 1.0
     if len(word) < TOLERANT_MIN_CHARS:
         return 0.0
-    score = similarity(word, text)
+    score = similarity(word, folded)
     return score if score >= TOLERANCE else 0.0
 
 

@@ -196,7 +196,8 @@ def search_page(
             ``mtime`` (newest file first) or ``name``.
 
     Raises:
-        InputError: a bad cursor, a mode without what it needs, or paging past ``MAX_K``.
+        InputError: a bad cursor, a mode without what it needs, lexical text that is too long
+            or holds a NUL, or paging past ``MAX_K``.
     """
     from themis_clip.index.search import MAX_K
 
@@ -221,6 +222,8 @@ def search_page(
             raise InputError(f"mode {mode}: give a text part to search the words of")
         if len(text) > MAX_QUERY_CHARS:
             raise InputError(f"text: at most {MAX_QUERY_CHARS} characters for lexical search")
+        if "\x00" in text:  # no store can match it; SQLite's FTS5 would choke on it
+            raise InputError("text: holds a NUL character (\\u0000), which lexical search refuses")
 
     def run(size: int) -> tuple[list[Hit], bool]:
         found = _ranked(index, mode, size, vector, text, condition, order)

@@ -88,9 +88,10 @@ def decode_for_ocr(
     reserve: Callable[[int, int], None] | None = None,
     draft_min_side: int | None = None,
 ) -> OCRPicture:
-    """Decode ``data`` upright, as RGB: at full size (boxes are reported in its pixels), or,
-    with ``draft_min_side``, a JPEG at the smallest DCT scale that keeps its shorter side at
-    least that long (the gate's picture: a 12 MP JPEG decodes 3x faster).
+    """Decode ``data`` upright, as RGB (transparency composited onto white): at full size
+    (boxes are reported in its pixels), or, with ``draft_min_side``, a JPEG at the smallest
+    DCT scale that keeps its shorter side at least that long (the gate's picture: a 12 MP
+    JPEG decodes 3x faster).
 
     ``reserve``: as :func:`decode_image` (a pixel budget's lease holds the decode).
 
@@ -105,6 +106,10 @@ def decode_for_ocr(
         reserve=reserve,
         draft_min_side=draft_min_side if full is not None else None,
     )
+    if img.has_transparency_data:  # onto white, as RapidOCR's loader does: transparent
+        # pixels are often stored black, and black text would vanish into them
+        rgba = img.convert("RGBA")
+        img = Image.alpha_composite(Image.new("RGBA", rgba.size, "white"), rgba)
     if img.mode != "RGB":
         img = img.convert("RGB")
     return OCRPicture(img, full)

@@ -29,6 +29,7 @@ from fastapi import FastAPI
 from themis_clip._version import __version__
 from themis_clip.batching import MicroBatcher
 from themis_clip.loading import load_ocr
+from themis_clip.ocr import OCREngine
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import (
     Authenticate,
@@ -69,10 +70,17 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 
-def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None) -> FastAPI:
-    """Build the service. The plugin is initialised in the app's lifespan (startup)."""
+def create_app(
+    settings: ServerSettings,
+    *,
+    plugin: OnnxClipPlugin | None = None,
+    ocr: OCREngine | None = None,
+) -> FastAPI:
+    """Build the service. The plugin, and with an index the OCR engine its config enables,
+    are opened in the app's lifespan (startup) unless given (``themis-clip serve`` opens them
+    first, so a bad model is one message, not a traceback)."""
     metrics = Metrics()
-    state = AppState(settings=settings, plugin=plugin or OnnxClipPlugin(), metrics=metrics)
+    state = AppState(settings=settings, plugin=plugin or OnnxClipPlugin(), metrics=metrics, ocr=ocr)
     metrics.track_queue(
         "image",
         lambda: state.image_batcher.depth if state.image_batcher else 0,
@@ -108,7 +116,7 @@ def create_app(settings: ServerSettings, *, plugin: OnnxClipPlugin | None = None
         state.text_batcher = batcher(text_batch_fn(p), "text")
         if settings.index_path:
             state.index = await asyncio.to_thread(open_index, settings)
-            if settings.plugin_config.ocr.enabled:
+            if settings.plugin_config.ocr.enabled and state.ocr is None:
                 state.ocr = await asyncio.to_thread(
                     load_ocr, settings.plugin_config, budget=p.pixel_budget
                 )

@@ -17,7 +17,8 @@ boundary are kept as sent), so every route compares media types one way.
   body shorter than its ``Content-Length`` is answered, not waited on forever) and a budget
   for all bodies held at once (503 with ``Retry-After`` beyond it: many stalled large uploads
   cannot hold the memory);
-* runs the app under the request deadline (504 when it passes) and cancels it when the client
+* runs the app under the request deadline (504 when it passes; the scope's :data:`DEADLINE`
+  tells a route when) and cancels it when the client
   disconnects, so that queued work whose caller is gone is dropped (see
   :mod:`themis_clip.batching`);
 * answers any exception that escapes the app with the documented JSON 500 body, keeping the
@@ -40,6 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from themis_clip.server.errors import error_response
 
 __all__ = [
+    "DEADLINE",
     "BodyBudget",
     "FinishBody",
     "GuardLimits",
@@ -49,6 +51,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The scope key of the request's deadline (``time.monotonic()`` seconds): a route whose work
+#: can stop part-way (reading text in pictures) stops before it and answers what it did.
+DEADLINE = "themis.deadline"
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,7 @@ class RequestGuard:
             await error_response(status, kind, message, headers)(scope, receive, tracking_send)
 
         deadline = time.monotonic() + self.limits.request_timeout_s
+        scope[DEADLINE] = deadline  # routes that can stop early read it
         try:
             body = await self._read_body(scope, receive, deadline, held)
         except _BudgetError as exc:

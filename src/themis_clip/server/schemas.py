@@ -330,6 +330,11 @@ class ItemsAdded(_Strict):
     added: int
     ids: list[str]
     model_id: str
+    text_unread: int | None = Field(
+        default=None,
+        description="with OCR on: items stored without their text, the request's deadline "
+        "having come first or the client gone (post them again in smaller batches)",
+    )
 
 
 class TextMatch(_Strict):

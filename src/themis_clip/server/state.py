@@ -11,6 +11,7 @@ cut-over, which replaces the model and the index together, holds it alone.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -22,7 +23,7 @@ from fastapi import Depends, Request
 
 from themis_clip.batching import MicroBatcher
 from themis_clip.config import PluginConfig
-from themis_clip.errors import NotReadyError
+from themis_clip.errors import NotReadyError, ThemisClipError
 from themis_clip.index.search import VectorIndex
 from themis_clip.interface import EmbeddingResult
 from themis_clip.migration import MigrationControl, MigrationState
@@ -45,6 +46,11 @@ __all__ = [
     "open_index",
     "text_batch_fn",
 ]
+
+log = logging.getLogger(__name__)
+
+#: What a request keeps of its deadline, after reading text, to store it and answer.
+ANSWER_MARGIN_S = 2.0
 
 
 class IndexGate:
@@ -268,6 +274,49 @@ class AppState:
             if len({r.model_id for r in results if r.ok}) <= 1:
                 break
         return results
+
+    async def read_texts(
+        self, pictures: Sequence[tuple[str, bytes]], deadline: float
+    ) -> dict[str, dict[str, Any]]:
+        """What OCR reads in ``pictures`` (key, encoded image), key → ``OCRResult.to_json``
+        data, read one after another in a worker thread while the request stands.
+
+        Reading stops before a picture whose read would end past ``deadline`` (a
+        ``time.monotonic()`` instant, less :data:`ANSWER_MARGIN_S`; the slowest read so far is
+        the guess) and as soon as this coroutine is cancelled (its client gone): an abandoned
+        request burns no more CPU. A picture OCR fails on is left out, as are those not
+        reached; the caller stored the items first, so they are only missing their text.
+        """
+        ocr = self.ocr
+        if ocr is None:
+            return {}
+        stop = threading.Event()
+
+        def read() -> dict[str, dict[str, Any]]:
+            readings: dict[str, dict[str, Any]] = {}
+            slowest = 0.0
+            for key, data in pictures:
+                began = time.monotonic()
+                if stop.is_set() or began + slowest + ANSWER_MARGIN_S > deadline:
+                    break
+                try:
+                    readings[key] = ocr.read_text(data).to_json()
+                except ThemisClipError as exc:
+                    log.warning("item %r: its text was not read: %s", key, exc)
+                slowest = max(slowest, time.monotonic() - began)
+            if len(readings) < len(pictures):
+                log.warning(
+                    "read the text of %d of %d items added%s; the rest are stored without it",
+                    len(readings),
+                    len(pictures),
+                    " (request gone)" if stop.is_set() else "",
+                )
+            return readings
+
+        try:
+            return await asyncio.to_thread(read)
+        finally:
+            stop.set()  # cancelled: the thread stops before its next picture
 
     def model_id(self) -> str | None:
         identity = self.plugin.model_identity

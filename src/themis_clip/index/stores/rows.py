@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from themis_clip.errors import SearchIndexError
+from themis_clip.index.lexical import fold
 from themis_clip.index.metadata import decode_stored, encode, validate_metadata
 
 __all__ = [
@@ -86,7 +87,8 @@ def stored_item(row: Sequence[Any]) -> StoredItem:
 
 def ocr_row(data: Mapping[str, Any], *, key: str) -> tuple[str, str]:
     """An OCR reading (``{"width", "height", "gated", "lines": [{"text", "box",
-    "confidence"}]}``) as ``(text, JSON)``: its lines' texts one per row, and the reading as
+    "confidence"}]}``) as ``(text, JSON)``: its lines' texts one per row, :func:`fold`-ed for
+    search, and the reading as
     stored; or the error naming the item whose reading is not that shape."""
     try:
         lines = data["lines"]
@@ -96,4 +98,5 @@ def ocr_row(data: Mapping[str, Any], *, key: str) -> tuple[str, str]:
         raise SearchIndexError(f"item {key!r}: not an OCR reading ({exc!r})") from None
     if not boxes_ok or not all(isinstance(t, str) for t in texts):
         raise SearchIndexError(f"item {key!r}: OCR lines need a text and a box of 4 points")
-    return "\n".join(texts), json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    text = fold("\n".join(texts))  # searched folded (lexical.fold); the lines keep the reading
+    return text, json.dumps(data, ensure_ascii=False, separators=(",", ":"))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from themis_clip.errors import InputError
@@ -17,6 +18,7 @@ from themis_clip.preprocess.thumbnail import KEPT_PREVIEW, fit_preview, make_thu
 from themis_clip.server.access import SEARCH, WRITE
 from themis_clip.server.bodies import documented, json_body
 from themis_clip.server.errors import APIError
+from themis_clip.server.middleware import DEADLINE
 from themis_clip.server.payloads import check_key, decode_image_fields, raise_for
 from themis_clip.server.querying import run_search
 from themis_clip.server.schemas import (
@@ -37,8 +39,12 @@ writes = APIRouter(dependencies=[WRITE, INDEX_HELD], tags=["index"])  # ingest n
 
 @writes.post("/index/items", openapi_extra=documented(IndexItemsRequest), **answer(ItemsAdded))
 async def index_items(
-    body: Annotated[IndexItemsRequest, json_body(IndexItemsRequest)], state: StateDep
+    body: Annotated[IndexItemsRequest, json_body(IndexItemsRequest)],
+    state: StateDep,
+    request: Request,
 ) -> dict[str, Any]:
+    """Embed and store the items; with OCR on, then read their text while the request's
+    deadline allows (``text_unread``: items stored without it, read by a later re-post)."""
     idx = state.require_index()
     seen: dict[str, int] = {}
     for i, item in enumerate(body.items):
@@ -70,13 +76,6 @@ async def index_items(
         ItemRow(key=item.id, vector=r.embedding, metadata=item.metadata, thumbnail=t)  # type: ignore[arg-type]
         for item, r, t in zip(body.items, results, thumbs, strict=True)
     ]
-    ocr = state.ocr
-    readings = {}
-    if ocr is not None:  # the text in each picture (decoded again, at OCR's size)
-        pairs = list(zip(body.items, data, strict=True))
-        readings = await asyncio.to_thread(
-            lambda: {item.id: ocr.read_text(d).to_json() for item, d in pairs}
-        )
     current = state.stamp()
     if results[0].model_id != current.model_id:  # swapped between embedding and now
         raise APIError(
@@ -90,11 +89,27 @@ async def index_items(
         with state.index_lock:
             idx.bind_model(current)
             idx.store.upsert(rows, dim=current.dim)
-            if readings and isinstance(idx.store, Lexical):
-                idx.store.set_ocr(readings)
 
-    await asyncio.to_thread(write)
-    return {"added": len(rows), "ids": [r.key for r in rows], "model_id": current.model_id}
+    await asyncio.to_thread(write)  # stored first: reading text cannot lose them
+    added: dict[str, Any] = {
+        "added": len(rows),
+        "ids": [r.key for r in rows],
+        "model_id": current.model_id,
+    }
+    if state.ocr is not None and isinstance(idx.store, Lexical):
+        # The text in each picture (decoded again, at OCR's size), within the deadline.
+        deadline = request.scope.get(DEADLINE, time.monotonic() + state.settings.request_timeout_s)
+        pictures = [(item.id, d) for item, d in zip(body.items, data, strict=True)]
+        readings = await state.read_texts(pictures, deadline)
+        store = idx.store
+
+        def write_text() -> None:
+            with state.index_lock:
+                store.set_ocr(readings)
+
+        await asyncio.to_thread(write_text)
+        added["text_unread"] = len(rows) - len(readings)
+    return added
 
 
 @router.post("/search", openapi_extra=documented(SearchRequest), **answer(SearchResults))

@@ -114,7 +114,7 @@ def ocr_lexical(db: Any, text: str, limit: int, where: Where | None) -> list[int
     if not words or db.execute("SELECT 1 FROM themis_ocr LIMIT 1").fetchone() is None:
         return []
     grams = sorted({g for w in words if len(w) >= 3 for g in trigrams(w, padded=False)})
-    checks = " AND strpos(lower(text), %s) > 0" * len(words)
+    checks = " AND strpos(text, %s) > 0" * len(words)  # text is folded
     # A filter reads the items (their metadata); no filter, no join.
     clause, params = compile_postgres(where) if where is not None else ("", [])
     within = f" AND id IN (SELECT id FROM themis_items WHERE {clause})" if clause else ""  # noqa: S608

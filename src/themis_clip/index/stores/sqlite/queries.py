@@ -103,7 +103,7 @@ def ocr_lexical(db: sqlite3.Connection, text: str, limit: int, where: Where | No
     clause, params = _matching(where, "rowid")
     long = [w for w in words if len(w) >= 3]
     short = [w for w in words if len(w) < 3]  # no trigram: checked on the rows found
-    checks = "".join(" AND instr(lower(text), ?) > 0" for _ in short)
+    checks = "".join(" AND instr(text, ?) > 0" for _ in short)  # text is folded
     if long:
         sql = (
             "SELECT rowid FROM ocr_lexical WHERE ocr_lexical MATCH ?"  # noqa: S608
