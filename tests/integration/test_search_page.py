@@ -576,3 +576,42 @@ def test_more_like_this_but_and_hybrid_search(site: tuple[str, Path], browser: B
         "document.querySelector('#results figcaption .name').textContent === 'album-b-2'"
     )
     browser.evaluate("document.getElementById('hybrid').click()")
+
+
+def test_a_migration_s_progress_shows_in_the_header_and_its_end_refreshes_the_model(
+    tmp_path: Path, browser: Browser, site: tuple[str, Path], tiny_model_dir: Path
+) -> None:
+    import shutil
+
+    from themis_clip.resources import demo_model_path
+
+    _, built = site
+    shutil.copytree(demo_model_path(), tmp_path / "models" / "a")
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "b")
+    shutil.copy(built / "idx.db", tmp_path / "idx.db")
+    admin = {"Authorization": "Bearer page-admin"}
+    args = ["--index", str(tmp_path / "idx.db"), "--model", str(tmp_path / "models" / "a")]
+    args += ["--model-root", str(tmp_path / "models"), "--no-warmup"]
+    with ServerProcess(args, env={"THEMIS_ADMIN_TOKEN": "page-admin"}) as server:
+        browser.navigate(server.base + "/")
+        browser.wait_for("document.getElementById('info').textContent.includes('items')")
+        assert browser.evaluate("document.getElementById('migration').hidden")
+        body = {"path": "b", "cores": 1, "cut_over": "command"}
+        r = httpx.post(f"{server.base}/admin/migrate", json=body, headers=admin, timeout=60)
+        assert r.status_code == 202, r.text
+        new_model = r.json()["model_id"]
+        # seen without a reload (the page reads /stats now and then), in words
+        browser.wait_for(
+            "document.getElementById('migration').textContent.includes('ready; it switches')",
+            timeout_s=60,
+        )
+        text = browser.evaluate("document.getElementById('migration').textContent")
+        assert f"Moving the index to {new_model}" in text
+        assert new_model not in browser.evaluate("document.getElementById('info').textContent")
+        r = httpx.post(f"{server.base}/admin/migrate/cut-over", headers=admin, timeout=120)
+        assert r.status_code == 200 and r.json()["state"] == "done", r.text
+        browser.wait_for(
+            "document.getElementById('migration').hidden && document.getElementById('info')"
+            f".textContent.includes('{new_model}')",
+            timeout_s=60,
+        )

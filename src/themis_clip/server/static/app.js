@@ -236,6 +236,44 @@ async function loadInfo() {
   $('info').textContent = parts.join(' · ');
 }
 
+// A migration of the index to another model (POST /admin/migrate) runs while the page serves:
+// its progress from /stats, read often while it moves and now and then otherwise; when it ends
+// the header's model and item count are read again.
+const MOVING = ['running', 'pausing', 'paused', 'ready', 'cutting-over', 'blocked'];
+let migrating = false;
+
+function migrationText(m) {
+  const to = 'Moving the index to ' + m.model_id + ': ';
+  const count = (m.done || 0).toLocaleString() + ' of ' + (m.total || 0).toLocaleString();
+  switch (m.state) {
+    case 'running': {
+      const pct = m.total ? ' (' + Math.floor(100 * m.done / m.total) + '%)' : '';
+      const eta = m.eta_s != null ? ', about ' + Math.ceil(m.eta_s) + ' s left' : '';
+      return to + count + pct + eta + '. Searches use the current model meanwhile.';
+    }
+    case 'pausing': case 'paused': return to + 'paused at ' + count + '.';
+    case 'ready': return to + 'ready; it switches when an admin cuts over.';
+    case 'cutting-over': return to + 'switching now.';
+    case 'blocked': return to + m.missing + ' item(s) cannot be re-embedded; waiting for an admin.';
+    default: return '';
+  }
+}
+
+async function watchMigration() {
+  let moving = false;
+  try {
+    const m = (await api('/stats')).migration || {state: 'idle'};
+    moving = MOVING.includes(m.state);
+    $('migration').textContent = moving ? migrationText(m) : '';
+    $('migration').hidden = !moving;
+    if (migrating && !moving) loadInfo();  // it ended: a new model and index, or the old ones
+  } catch (error) {
+    moving = migrating;  // a failed read changes nothing shown
+  }
+  migrating = moving;
+  setTimeout(watchMigration, moving ? 2000 : 15000);
+}
+
 // Keys no one picks from a list: facts of one file (its name, size, times, pixel size, its
 // RAW), and the date and camera, which have pickers of their own.
 const FILE_FACTS = new Set(['name', 'size', 'mtime', 'width', 'height', 'taken', 'camera', 'gps',
@@ -637,6 +675,7 @@ function setUp() {
   loadInfo();
   loadFilters();
   setUpPhotos();
+  watchMigration();
   const params = new URLSearchParams(location.search);
   const initial = params.get('q');
   if (initial) {
