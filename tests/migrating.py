@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import base64
 import io
+import os
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ from PIL import Image
 
 from tests.helpers import make_plugin, photo_like
 from themis_clip import ModelConfig, PluginConfig
+from themis_clip.collection import Collection
 from themis_clip.interface import EmbeddingResult, ImageData
 
 TOKEN = "migrate-token"
@@ -141,3 +145,33 @@ class _Counting:
     def generate_embedding_batch(self, images: Sequence[ImageData]) -> list[EmbeddingResult]:
         self.seen += [str(i) for i in images]
         return self.plugin.generate_embedding_batch(images)
+
+
+def build_library(root: Path, items: int, model: Path, size: tuple[int, int]) -> tuple[Path, Path]:
+    """``items`` small photos in ``root/photos`` and their index made by ``model``:
+    ``(folder, index)``."""
+    photos = root / "photos"
+    photos.mkdir()
+    digits = len(str(items - 1))  # 000.png … 199.png; 0000.png … 1999.png
+    for i in range(items):
+        Image.fromarray(photo_like(*size, i)).save(photos / f"{i:0{digits}d}.png")
+    index = root / "photos.db"
+    with Collection.open(index, _config(model)) as collection:
+        assert collection.index_folder(photos).added == items
+    return photos, index
+
+
+def kill_when(proc: subprocess.Popen[bytes], ready: Callable[[], bool]) -> None:
+    """kill -9 ``proc`` once ``ready()`` (the migration committed enough), within 2 minutes."""
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the migration committed nothing"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -4,14 +4,11 @@ answers exactly, and an item that cannot be re-embedded is named, never dropped 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from contextlib import closing
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import pytest
 from PIL import Image
 
 from tests.helpers import encode, make_plugin, photo_like
-from tests.migrating import _SLOW_MIGRATION, _config, _Counting, _model_id
+from tests.migrating import _SLOW_MIGRATION, _config, _Counting, _model_id, build_library, kill_when
 from themis_clip.cli import main
 from themis_clip.collection import Collection, Query
 from themis_clip.errors import IndexModelMismatchError
@@ -34,15 +31,7 @@ ITEMS = 200
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, Path]:
     """A folder of 200 photos and its index made by model A: ``(folder, index)``."""
-    root = tmp_path_factory.mktemp("library")
-    photos = root / "photos"
-    photos.mkdir()
-    for i in range(ITEMS):
-        Image.fromarray(photo_like(40, 30, i)).save(photos / f"{i:03d}.png")
-    index = root / "photos.db"
-    with Collection.open(index, _config(tiny_model_dir)) as collection:
-        assert collection.index_folder(photos).added == ITEMS
-    return photos, index
+    return build_library(tmp_path_factory.mktemp("library"), ITEMS, tiny_model_dir, (40, 30))
 
 
 def _copy(library: tuple[Path, Path], tmp_path: Path) -> Path:
@@ -172,18 +161,7 @@ def test_a_migration_killed_mid_way_resumes_without_embedding_a_committed_item_a
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not (shadow.is_file() and len(_committed(shadow)) >= 40):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the migration committed nothing"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_when(proc, lambda: shadow.is_file() and len(_committed(shadow)) >= 40)
     committed = _committed(shadow)
     assert 40 <= len(committed) < ITEMS
     assert not before_path(index, identity.model_id).exists()  # not cut over

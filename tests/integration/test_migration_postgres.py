@@ -8,11 +8,9 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +28,7 @@ from tests.migrating import (
     _model_id,
     _search,
     _wait,
+    kill_when,
 )
 from tests.pg import PgServer
 from themis_clip.cli import main
@@ -100,18 +99,7 @@ def test_a_postgresql_index_migrates_resumes_after_kill_keeps_writes_and_rolls_b
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while len(_committed(pg_server, url)) < 16:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the migration committed nothing"
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_when(proc, lambda: len(_committed(pg_server, url)) >= 16)
     committed = _committed(pg_server, url)
     assert 16 <= len(committed) < ITEMS
     assert _schemas(pg_server, url, "public.before-%") == []  # not cut over

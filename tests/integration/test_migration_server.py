@@ -16,10 +16,20 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
 
-from tests.helpers import ServerProcess, make_plugin, photo_like
-from tests.migrating import ADMIN, TEXTS, TOKEN, K, _Load, _model_id, _png, _search, _wait
+from tests.helpers import ServerProcess, make_plugin
+from tests.migrating import (
+    ADMIN,
+    TEXTS,
+    TOKEN,
+    K,
+    _Load,
+    _model_id,
+    _png,
+    _search,
+    _wait,
+    build_library,
+)
 from themis_clip import ModelConfig, PluginConfig
 from themis_clip.collection import Collection
 from themis_clip.files import file_lock
@@ -33,16 +43,7 @@ ITEMS = 2000
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, Path]:
     """2,000 small photos and their index made by model A: ``(folder, index)``."""
-    root = tmp_path_factory.mktemp("library")
-    photos = root / "photos"
-    photos.mkdir()
-    for i in range(ITEMS):
-        Image.fromarray(photo_like(36, 28, i)).save(photos / f"{i:04d}.png")
-    index = root / "photos.db"
-    config = PluginConfig(model=ModelConfig(path=str(tiny_model_dir)))
-    with Collection.open(index, config) as collection:
-        assert collection.index_folder(photos).added == ITEMS
-    return photos, index
+    return build_library(tmp_path_factory.mktemp("library"), ITEMS, tiny_model_dir, (36, 28))
 
 
 @pytest.fixture
