@@ -147,6 +147,38 @@ def test_pages_concatenated_equal_one_query(location: str, graph: bool) -> None:
             assert len({h.key for h in pages}) == 330 and cursor is not None
 
 
+def test_a_page_reads_the_records_of_its_own_hits_only(
+    location: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of 10 ranks a window of 100 results by key and score, then reads the records
+    (path, metadata, OCR) of its own 10: reading the whole window's was most of the cost of a
+    search page at 100k items. The records read are the hits' own, in the ranking's order."""
+    with VectorIndex(location) as index:
+        index.bind_model(STAMP)
+        index.store.upsert(photos(300), dim=DIM)
+        asked: list[int] = []
+        read = index.store.items_by_id
+        monkeypatch.setattr(index.store, "items_by_id", lambda ids: asked.extend(ids) or read(ids))
+        q = unit(5)
+        hits = []
+        for mode in (QueryMode.VECTOR, QueryMode.HYBRID, QueryMode.LEXICAL, QueryMode.BROWSE):
+            asked.clear()
+            kw = {"mode": mode, "identity": {}, "vector": q, "text": "picture"}
+            first = search_page(index, k=10, **kw)  # type: ignore[arg-type]
+            assert len(asked) == 10 and len(first.hits) == 10, mode
+            asked.clear()
+            second = search_page(index, k=10, cursor=first.next, **kw)  # type: ignore[arg-type]
+            assert len(asked) == 10 and len(second.hits) == 10, mode
+            hits += first.hits + second.hits
+        monkeypatch.undo()
+        for hit in hits:
+            item = index.store.get(hit.key)
+            assert item is not None and (hit.path, hit.metadata) == (item.path, item.metadata)
+        ranked = index.search(q, 20)
+        got = search_page(index, mode=QueryMode.VECTOR, k=20, identity={}, vector=q).hits
+        assert got == ranked  # the same hits, records and scores as one search
+
+
 def test_last_page_has_no_next_and_cursors_are_checked(location: str) -> None:
     with VectorIndex(location) as index:
         index.bind_model(STAMP)

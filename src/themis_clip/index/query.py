@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -225,7 +225,7 @@ def search_page(
         if "\x00" in text:  # no store can match it; SQLite's FTS5 would choke on it
             raise InputError("text: holds a NUL character (\\u0000), which lexical search refuses")
 
-    def run(size: int) -> tuple[list[Hit], bool]:
+    def run(size: int) -> tuple[list[_Ranked], bool]:
         found = _ranked(index, mode, size, vector, text, condition, order)
         return [h for h in found if h.key not in exclude], len(found) < size
 
@@ -238,19 +238,28 @@ def search_page(
     else:
         ranked = layered(run, needed, extra=len(exclude), most=MAX_K)
     start = _resume(ranked, after)
-    hits = ranked[start : start + k]
-    more = len(ranked) > start + len(hits) and bool(hits)
+    chosen = ranked[start : start + k]
+    more = len(ranked) > start + len(chosen) and bool(chosen)
     token = (
-        encode_cursor(Cursor(query=query_id, offset=start + len(hits), key=hits[-1].key))
+        encode_cursor(Cursor(query=query_id, offset=start + len(chosen), key=chosen[-1].key))
         if more
         else None
     )
-    return Page(hits=hits, next=token)
+    words = text if mode in (QueryMode.LEXICAL, QueryMode.HYBRID) else None
+    return Page(hits=_records(index, chosen, words), next=token)
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+_K = TypeVar("_K", bound=_Keyed)
 
 
 def layered(
-    run: Callable[[int], tuple[list[Hit], bool]], needed: int, *, extra: int, most: int
-) -> list[Hit]:
+    run: Callable[[int], tuple[list[_K], bool]], needed: int, *, extra: int, most: int
+) -> list[_K]:
     """The canonical ranking of a search whose results depend on how many are asked for (a
     graph's beam widens with it; reciprocal rank fusion scores by the lists' lengths).
 
@@ -263,7 +272,7 @@ def layered(
     and whether it found fewer than ``size`` (the end); ``extra`` results are asked for
     beyond each boundary for the excluded keys.
     """
-    out: list[Hit] = []
+    out: list[_K] = []
     seen: set[str] = set()
     boundary = PAGE_WINDOW
     while len(out) < needed:
@@ -280,7 +289,7 @@ def layered(
     return out
 
 
-def _resume(ranked: Sequence[Hit], after: Cursor | None) -> int:
+def _resume(ranked: Sequence[_Keyed], after: Cursor | None) -> int:
     """Where the next page starts: right after the cursor's last item (at its offset when
     nothing changed; where that item is now when the index changed), else at the offset."""
     if after is None:
@@ -294,6 +303,15 @@ def _resume(ranked: Sequence[Hit], after: Cursor | None) -> int:
     return min(at, len(ranked))
 
 
+class _Ranked(NamedTuple):
+    """A ranked item before its record is read: a page reads the records of its own only."""
+
+    id: int
+    key: str
+    score: float
+    words: bool = False  # found by the query's words: its OCR lines are matched against them
+
+
 def _ranked(
     index: VectorIndex,
     mode: QueryMode,
@@ -302,22 +320,17 @@ def _ranked(
     text: str | None,
     where: Where | None = None,
     order: str = "newest",
-) -> list[Hit]:
-    from themis_clip.index.search import Hit
-
+) -> list[_Ranked]:
     if mode == QueryMode.BROWSE:
         index.check_keys(where)
         ids = _browse_order(index, index.store.timeline(where), order)[:size]
-        items = index.store.items_by_id(ids)
-        return [
-            Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)
-            for i in ids
-            if i in items
-        ]
-    by_vector: list[Hit] = []
+        keys = index.store.keys_by_id(ids)
+        return [_Ranked(i, keys[i], 0.0) for i in ids if i in keys]
+    by_vector: list[_Ranked] = []
     if mode != QueryMode.LEXICAL:
         assert vector is not None
-        by_vector = sorted(index.search(vector, size, where=where), key=lambda h: (-h.score, h.key))
+        found = index.nearest(vector, size, where=where)
+        by_vector = sorted((_Ranked(*f) for f in found), key=lambda h: (-h.score, h.key))
         if mode == QueryMode.VECTOR:
             return by_vector
     assert text is not None
@@ -325,25 +338,34 @@ def _ranked(
         raise InputError(f"mode {mode}: the index at {index.location} has no word search")
     index.check_keys(where)
     ids = index.store.lexical(text, size, where)
-    items = index.store.items_by_id(ids)
-    by_words = [
-        Hit(key=items[i].key, score=0.0, path=items[i].path, metadata=items[i].metadata)
-        for i in ids
-        if i in items
-    ]
-    known = {h.key: h for h in [*by_words, *by_vector]}
+    keys = index.store.keys_by_id(ids)
+    by_words = [_Ranked(i, keys[i], 0.0, words=True) for i in ids if i in keys]
+    known = {h.key: h for h in [*by_vector, *by_words]}
     fused = fuse([[h.key for h in by_words], [h.key for h in by_vector]])[:size]
-    id_of = {items[i].key: i for i in ids if i in items}
-    readings = index.store.ocr_readings([id_of[key] for key, _ in fused if key in id_of])
+    return [known[key]._replace(score=score) for key, score in fused]
+
+
+def _records(index: VectorIndex, ranked: Sequence[_Ranked], text: str | None) -> list[Hit]:
+    """The hits of ``ranked`` with their records (and, for those found by words, the OCR
+    lines that ``text``'s words match); an item deleted or replaced since it was ranked is
+    left out."""
+    from themis_clip.index.search import Hit
+
+    items = index.store.items_by_id([h.id for h in ranked])
+    readings: dict[int, dict[str, Any]] = {}
+    worded = [h.id for h in ranked if h.words]
+    if text is not None and worded and isinstance(index.store, Lexical):
+        readings = index.store.ocr_readings(worded)
     return [
         Hit(
-            key=key,
-            score=score,
-            path=known[key].path,
-            metadata=known[key].metadata,
-            text_matches=_matched(text, readings.get(id_of.get(key, -1))),
+            key=h.key,
+            score=h.score,
+            path=items[h.id].path,
+            metadata=items[h.id].metadata,
+            text_matches=_matched(text, readings.get(h.id)) if text is not None else (),
         )
-        for key, score in fused
+        for h in ranked
+        if h.id in items and items[h.id].key == h.key
     ]
 
 

@@ -221,12 +221,38 @@ class VectorIndex:
         metadata satisfies ``where`` (the filter language of :mod:`.where`, or its tree with
         ``filters`` in it: :func:`.where.with_filters`; raises
         :class:`~themis_clip.errors.WhereError`)."""
+        ids, scores = self._nearest(query, k, where)
+        return _hits(ids, scores, self.store.items_by_id(ids.tolist()))
+
+    def nearest(
+        self,
+        query: npt.NDArray[np.float32],
+        k: int = 10,
+        *,
+        where: Mapping[str, Any] | Where | None = None,
+    ) -> list[tuple[int, str, float]]:
+        """:meth:`search`'s ranking as ``(id, key, score)``, best first, with only the keys
+        read: a page of results ranks a window of them and reads the records of its own."""
+        ids, scores = self._nearest(query, k, where)
+        keys = self.store.keys_by_id(ids.tolist())
+        return [
+            (i, keys[i], s)
+            for i, s in zip(ids.tolist(), scores.tolist(), strict=True)
+            if i in keys  # an id deleted meanwhile is left out
+        ]
+
+    def _nearest(
+        self,
+        query: npt.NDArray[np.float32],
+        k: int,
+        where: Mapping[str, Any] | Where | None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         condition = parse_where(where) if isinstance(where, Mapping) else where
         if not 1 <= int(k) <= MAX_K:
             raise SearchIndexError(f"k = {k}: expected 1 to {MAX_K}")
         stamp = self.stamp
         if stamp is None:
-            return []
+            return np.empty(0, np.int64), np.empty(0, np.float32)
         query = np.asarray(query, dtype=np.float32).reshape(-1)
         if query.shape != (stamp.dim,):
             raise IndexModelMismatchError(
@@ -237,7 +263,7 @@ class VectorIndex:
         ids, scores = self.searcher.search(query, k, stamp.dim, where=condition)
         if not len(ids):  # only then can a key be unknown (no second scan before)
             self.check_keys(condition)
-        return _hits(ids, scores, self.store.items_by_id([int(i) for i in ids]))
+        return np.asarray(ids, dtype=np.int64), np.asarray(scores, dtype=np.float32)
 
     def search_many(
         self,

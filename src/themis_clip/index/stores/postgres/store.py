@@ -529,10 +529,20 @@ class PgStore:
             (n,) = db.execute("SELECT count(*) FROM themis_items").fetchone()
         return int(n)
 
-    def keys_by_id(self) -> dict[int, str]:
-        """Every item's key by id (what a migration pass compares; nothing decoded)."""
+    def keys_by_id(self, ids: Sequence[int] | None = None) -> dict[int, str]:
+        """The keys of ``ids`` that are stored (None: every item's, what a migration pass
+        compares), by id; nothing else read or decoded."""
+        if ids is not None and not ids:
+            return {}
         with self.connection() as db:
-            return {int(i): str(k) for i, k in db.execute("SELECT id, key FROM themis_items")}
+            rows = (
+                db.execute("SELECT id, key FROM themis_items")
+                if ids is None
+                else db.execute(
+                    "SELECT id, key FROM themis_items WHERE id = ANY(%s)", ([int(i) for i in ids],)
+                )
+            )
+            return {int(i): str(k) for i, k in rows}
 
     def _vectors(self, sql: str, params: Sequence[Any], dim: int) -> tuple[Any, Any]:
         with self.connection() as db, db.cursor(binary=True) as cur:

@@ -396,9 +396,16 @@ class SQLiteStore:
         (n,) = self._reader().execute("SELECT COUNT(*) FROM items").fetchone()
         return int(n)
 
-    def keys_by_id(self) -> dict[int, str]:
-        """Every item's key by id (what a migration pass compares; nothing decoded)."""
-        return dict(self._reader().execute("SELECT id, key FROM items").fetchall())
+    def keys_by_id(self, ids: Sequence[int] | None = None) -> dict[int, str]:
+        """The keys of ``ids`` that are stored (None: every item's, what a migration pass
+        compares), by id; nothing else read or decoded."""
+        if ids is None:
+            return dict(self._reader().execute("SELECT id, key FROM items").fetchall())
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        sql = f"SELECT id, key FROM items WHERE id IN ({marks})"  # noqa: S608 - only "?" marks
+        return dict(self._reader().execute(sql, [int(i) for i in ids]).fetchall())
 
     def load_vectors(self, dim: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """All ``(ids, vectors [n, dim])``, in id order."""
