@@ -8,8 +8,10 @@ import threading
 from typing import Annotated, Any
 
 import httpx
+import numpy as np
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
@@ -20,6 +22,7 @@ from themis_clip.server.bodies import (
     MAX_FORM_FILES,
     OFF_LOOP_BYTES,
     FormPart,
+    JSONRoute,
     documented,
     json_body,
     parse_form,
@@ -209,3 +212,59 @@ def test_what_is_not_a_form_or_not_text_is_refused_by_name() -> None:
     with pytest.raises(APIError) as caught:
         FormPart(name="text", data=b"caf\xe9").text()  # latin-1, not UTF-8
     assert caught.value.status == 422 and caught.value.message.startswith("text: not valid UTF-8")
+
+
+def _answering_app() -> FastAPI:
+    router = APIRouter(route_class=JSONRoute)
+
+    @router.get("/vector", response_model=None)
+    async def vector(n: int = 4) -> dict[str, Any]:
+        return {"v": np.arange(n, dtype=np.float32) / 3, "floats": [0.1, 1e-7], "t": ("a", 1)}
+
+    @router.post("/made", status_code=202, response_model=None)
+    def made(response: Response) -> dict[str, Any]:  # a plain function: run off the loop
+        response.headers["X-Told"] = "yes"
+        return {"thread": threading.current_thread() is not threading.main_thread()}
+
+    @router.get("/status", response_model=None)
+    async def status(response: Response) -> dict[str, Any]:
+        response.status_code = 503
+        return {"ready": False}
+
+    @router.get("/own", response_model=None)
+    async def own() -> Response:
+        return PlainTextResponse("mine", status_code=418)
+
+    @router.get("/text", response_class=PlainTextResponse)
+    async def text() -> str:
+        return "plain"
+
+    app = FastAPI()
+    app.include_router(router)
+    return app
+
+
+def test_plain_answers_are_written_by_orjson_with_status_and_headers_kept() -> None:
+    """Answers of plain data are written by orjson (FastAPI's encoder cannot write a numpy
+    array: a 500), with the route's status code and what the endpoint set on its Response."""
+    client = TestClient(_answering_app())
+    r = client.get("/vector", params={"n": 3})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    assert r.content == b'{"v":[0.0,0.33333334,0.6666667],"floats":[0.1,1e-7],"t":["a",1]}'
+    assert json.loads(r.content)["floats"] == [0.1, 1e-7]  # float64 values keep every digit
+    r = client.post("/made")
+    assert (r.status_code, r.headers["x-told"], r.json()) == (202, "yes", {"thread": True})
+    assert client.get("/status").status_code == 503
+    r = client.get("/own")
+    assert (r.status_code, r.text) == (418, "mine")  # a Response of its own is the answer
+    assert client.get("/text").text == "plain"  # a route with its own response class
+
+
+def test_answered_routes_show_their_own_parameters_only() -> None:
+    """The Response the answer is built around is injected, never a parameter a client sees
+    (the routes are added again by include_router: wrapped once)."""
+    schema = TestClient(_answering_app()).get("/openapi.json").json()
+    params = [p["name"] for p in schema["paths"]["/vector"]["get"].get("parameters", [])]
+    assert params == ["n"]
+    assert "parameters" not in schema["paths"]["/made"]["post"]
+    assert "themis_answer" not in json.dumps(schema)

@@ -1,5 +1,5 @@
 """Request bodies, parsed once from the bytes the request guard has read: JSON with orjson,
-forms with python-multipart.
+forms with python-multipart; JSON answers, written by orjson (:class:`JSONRoute`).
 
 The one home of orjson and of python-multipart. JSON is read as RFC 8259: valid UTF-8, no
 ``NaN`` or ``Infinity``, at most 1,024 levels deep (400 ``BadJSON`` naming the problem
@@ -14,14 +14,20 @@ Starlette's limits, with errors that name the part.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import io
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
+from fastapi.datastructures import DefaultPlaceholder
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from python_multipart import FormParser
 from python_multipart.exceptions import FormParserError
@@ -36,6 +42,8 @@ __all__ = [
     "OFF_LOOP_BYTES",
     "Form",
     "FormPart",
+    "JSONAnswer",
+    "JSONRoute",
     "documented",
     "json_body",
     "json_text",
@@ -67,6 +75,68 @@ def json_text(value: Any) -> str:
     """``value`` as compact JSON text; a float32 array as the shortest decimals that read back
     to the same float32 values (what immich's service answers, and pgvector parses)."""
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+class JSONAnswer(Response):
+    """A JSON answer written by orjson: compact UTF-8, numpy arrays as their values, NaN and
+    infinities as ``null``; what orjson does not know (a path, a set, a pydantic model) as
+    FastAPI's ``jsonable_encoder`` makes it."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content, default=jsonable_encoder, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+class JSONRoute(APIRoute):
+    """A route whose answers of plain data (no response model or class of its own) are
+    written by orjson in one step. FastAPI walks such an answer with ``jsonable_encoder`` and
+    writes it with the standard library: 1.7 ms for one 512-d embedding, 34 ms for 32, against
+    0.03 and 0.7 ms (``bench/bench_json_answers.py``). The route's ``status_code`` and what
+    the endpoint sets on an injected ``Response`` (status, headers) are kept; an endpoint that
+    returns a ``Response`` is answered by it, as before."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        own_class = not isinstance(kwargs.get("response_class"), DefaultPlaceholder | None)
+        if kwargs.get("response_model") is None and not own_class:
+            endpoint = _answered_by_orjson(endpoint, kwargs.get("status_code"))
+        super().__init__(path, endpoint, **kwargs)
+
+
+_ANSWER = "themis_answer"  # the injected Response of an endpoint that takes none itself
+
+
+def _answered_by_orjson(endpoint: Callable[..., Any], status: int | None) -> Callable[..., Any]:
+    if getattr(endpoint, "_answered_by_orjson", False):
+        return endpoint  # a router's route added again to the app
+    signature = inspect.signature(endpoint)
+    named = [n for n, p in signature.parameters.items() if p.annotation in (Response, "Response")]
+    name = named[0] if named else _ANSWER
+    params = list(signature.parameters.values())
+    if not named:
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Response))
+
+    async def answered(**values: Any) -> Any:
+        injected: Response = values[name]
+        if not named:
+            del values[name]
+        if inspect.iscoroutinefunction(endpoint):
+            content = await endpoint(**values)
+        else:
+            content = await asyncio.to_thread(endpoint, **values)
+        if isinstance(content, Response):
+            return content
+        code = injected.status_code or status or 200
+        answer = JSONAnswer(content, status_code=code)
+        if code in (204, 304) or code < 200:
+            answer.body = b""  # such answers have no body (nor a Content-Length)
+        answer.headers.raw.extend((k, v) for k, v in injected.headers.raw if k != b"content-length")
+        return answer
+
+    functools.update_wrapper(answered, endpoint)
+    answered.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    answered._answered_by_orjson = True  # type: ignore[attr-defined]
+    return answered
 
 
 def _problem(exc: orjson.JSONDecodeError) -> str:

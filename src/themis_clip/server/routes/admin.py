@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from themis_clip.errors import IndexModelMismatchError, ModelNotFoundError, ThemisClipError
 from themis_clip.models import hub
 from themis_clip.server.access import ADMIN
-from themis_clip.server.bodies import documented, read_model
+from themis_clip.server.bodies import JSONRoute, documented, read_model
 from themis_clip.server.errors import APIError
 from themis_clip.server.routes import ops
 from themis_clip.server.schemas import Reloaded, ReloadRequest, Statistics, answer
@@ -29,7 +29,7 @@ from themis_clip.vocabulary import ModelIdentity
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/admin", dependencies=[ADMIN], tags=["admin"])
+router = APIRouter(route_class=JSONRoute, prefix="/admin", dependencies=[ADMIN], tags=["admin"])
 
 
 @router.get("/stats", dependencies=[INDEX_HELD], **answer(Statistics))

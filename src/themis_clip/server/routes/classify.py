@@ -8,14 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 
 from themis_clip.server.access import SEARCH
-from themis_clip.server.bodies import documented, json_body
+from themis_clip.server.bodies import JSONRoute, documented, json_body
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import check_key, check_text, decode_image_fields, raise_for
 from themis_clip.server.schemas import Classification, ClassifyRequest, Ranking, RankRequest, answer
 from themis_clip.server.state import INDEX_HELD, StateDep
 from themis_clip.zeroshot import check_labels
 
-router = APIRouter(dependencies=[SEARCH, INDEX_HELD], tags=["zero-shot"])
+router = APIRouter(route_class=JSONRoute, dependencies=[SEARCH, INDEX_HELD], tags=["zero-shot"])
 
 #: labels embedded per step of a large /v1/classify (see ``classify``)
 LABEL_PIECE = 64

@@ -32,7 +32,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from themis_clip.interface import EmbeddingResult
 from themis_clip.preprocess.image import image_dimensions
 from themis_clip.server.access import BY_NETWORK, PUBLIC, SEARCH
-from themis_clip.server.bodies import documented, json_body, json_text, parse_json, read_form
+from themis_clip.server.bodies import (
+    JSONRoute,
+    documented,
+    json_body,
+    json_text,
+    parse_json,
+    read_form,
+)
 from themis_clip.server.errors import APIError
 from themis_clip.server.routes.embeddings import (
     MAX_INPUTS,
@@ -78,9 +85,10 @@ class CohereEmbeddings(BaseModel):
     response_type: Literal["embeddings_by_type"]
 
 
-public = APIRouter(dependencies=[PUBLIC], tags=[TAG])  # immich's health check
-immich = APIRouter(dependencies=[SEARCH, BY_NETWORK], tags=[TAG])
-router = APIRouter(dependencies=[SEARCH], tags=[TAG])
+# immich's health check
+public = APIRouter(route_class=JSONRoute, dependencies=[PUBLIC], tags=[TAG])
+immich = APIRouter(route_class=JSONRoute, dependencies=[SEARCH, BY_NETWORK], tags=[TAG])
+router = APIRouter(route_class=JSONRoute, dependencies=[SEARCH], tags=[TAG])
 
 
 def _embedding(r: EmbeddingResult) -> npt.NDArray[np.float32]:

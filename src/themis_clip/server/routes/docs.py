@@ -25,10 +25,12 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import RedirectResponse, Response
 
 from themis_clip.server.access import PUBLIC
+from themis_clip.server.bodies import JSONRoute
 from themis_clip.server.errors import APIError
 from themis_clip.server.page import SECURITY_HEADERS
 
-router = APIRouter(dependencies=[PUBLIC])  # no key: the docs hold no indexed data
+# no key: the docs hold no indexed data
+router = APIRouter(route_class=JSONRoute, dependencies=[PUBLIC])
 
 _HTML = b"""<!doctype html>
 <html lang="en">

@@ -19,10 +19,12 @@ from themis_clip.index.duplicates import (
 from themis_clip.index.stores import Facets
 from themis_clip.preprocess.image import same_pixels
 from themis_clip.server.access import SEARCH
+from themis_clip.server.bodies import JSONRoute
 from themis_clip.server.schemas import DuplicateGroups, PhotoFacets, answer
 from themis_clip.server.state import INDEX_HELD, StateDep
 
-router = APIRouter(dependencies=[SEARCH, INDEX_HELD], tags=["index"])  # what search keys may read
+# what search keys may read
+router = APIRouter(route_class=JSONRoute, dependencies=[SEARCH, INDEX_HELD], tags=["index"])
 
 
 @router.get("/duplicates", **answer(DuplicateGroups))

@@ -14,7 +14,7 @@ from themis_clip.files import open_regular
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import SEARCH
-from themis_clip.server.bodies import documented, json_body, read_form
+from themis_clip.server.bodies import JSONRoute, documented, json_body, read_form
 from themis_clip.server.errors import APIError
 from themis_clip.server.payloads import raise_for, vector
 from themis_clip.server.schemas import (
@@ -30,7 +30,7 @@ from themis_clip.server.schemas import (
 )
 from themis_clip.server.state import AppState, Part, StateDep
 
-router = APIRouter(dependencies=[SEARCH], tags=["embeddings"])
+router = APIRouter(route_class=JSONRoute, dependencies=[SEARCH], tags=["embeddings"])
 
 MAX_INPUTS = 2048
 _MAX_MANIFEST_BYTES = 1 << 20

@@ -37,7 +37,7 @@ from themis_clip.migration import (
 from themis_clip.models import hub
 from themis_clip.plugin import OnnxClipPlugin
 from themis_clip.server.access import ADMIN
-from themis_clip.server.bodies import documented, read_model
+from themis_clip.server.bodies import JSONRoute, documented, read_model
 from themis_clip.server.errors import APIError
 from themis_clip.server.routes.admin import inside_root
 from themis_clip.server.schemas import MigrateRequest, MigrationStatus, answer
@@ -48,7 +48,9 @@ __all__ = ["router", "stop"]
 
 log = logging.getLogger(__name__)
 
-router = APIRouter(prefix="/admin/migrate", dependencies=[ADMIN], tags=["admin"])
+router = APIRouter(
+    route_class=JSONRoute, prefix="/admin/migrate", dependencies=[ADMIN], tags=["admin"]
+)
 
 #: a migration in these states holds the index: another one is refused (409)
 _BUSY = (

@@ -11,13 +11,15 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from themis_clip.server.access import METRICS, PUBLIC
+from themis_clip.server.bodies import JSONRoute
 from themis_clip.server.errors import APIError
 from themis_clip.server.page import ASSETS, SECURITY_HEADERS, asset, index_html
 from themis_clip.server.schemas import Health, Readiness, Statistics, answer
 from themis_clip.server.state import INDEX_HELD, AppState, StateDep
 
-public = APIRouter(dependencies=[PUBLIC], tags=["operations"])  # no key: health, page
-router = APIRouter(dependencies=[METRICS], tags=["operations"])
+# no key: health, page
+public = APIRouter(route_class=JSONRoute, dependencies=[PUBLIC], tags=["operations"])
+router = APIRouter(route_class=JSONRoute, dependencies=[METRICS], tags=["operations"])
 
 
 @public.get("/", response_class=HTMLResponse, include_in_schema=False)

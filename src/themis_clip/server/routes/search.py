@@ -16,7 +16,7 @@ from themis_clip.index.metadata import validate_metadata
 from themis_clip.index.stores import Facets, ItemRow, Lexical
 from themis_clip.preprocess.thumbnail import KEPT_PREVIEW, fit_preview, make_thumbnail
 from themis_clip.server.access import SEARCH, WRITE
-from themis_clip.server.bodies import documented, json_body
+from themis_clip.server.bodies import JSONRoute, documented, json_body
 from themis_clip.server.errors import APIError
 from themis_clip.server.middleware import DEADLINE
 from themis_clip.server.payloads import check_key, decode_image_fields, raise_for
@@ -33,8 +33,9 @@ from themis_clip.server.schemas import (
 )
 from themis_clip.server.state import INDEX_HELD, AppState, StateDep
 
-router = APIRouter(dependencies=[SEARCH, INDEX_HELD], tags=["index"])
-writes = APIRouter(dependencies=[WRITE, INDEX_HELD], tags=["index"])  # ingest needs no search
+router = APIRouter(route_class=JSONRoute, dependencies=[SEARCH, INDEX_HELD], tags=["index"])
+# ingest needs no search
+writes = APIRouter(route_class=JSONRoute, dependencies=[WRITE, INDEX_HELD], tags=["index"])
 
 
 @writes.post("/index/items", openapi_extra=documented(IndexItemsRequest), **answer(ItemsAdded))
