@@ -28,7 +28,7 @@
     │                               set (also a ValueError, as the exporter's callers expect)
     ├── CLIError                    a usage or set-up problem of the command line (exit code 2;
     │                               defined in ``themis_clip.cli.common``, the CLI's edge)
-    └── InferenceError              ONNX Runtime failed while running a session
+    └── InferenceError              ONNX Runtime or OpenVINO failed while running a session
 
 Third-party errors (ONNX Runtime, Pillow, tokenizers) are translated into these where they
 enter the package (``runtime.py``, ``preprocess/``); the CLI and the plugin's ``generate_*``

@@ -1,4 +1,5 @@
-"""The core's only module that imports ``onnxruntime``: provider policy, session options, sessions.
+"""The core's only module that imports ``onnxruntime`` and ``openvino``: provider policy, session
+options, sessions.
 
 Provider selection is a pure function (:func:`plan_providers`) of the requested backend and
 the list of providers ONNX Runtime reports, so tests drive it with injected lists. A plan is
@@ -8,11 +9,13 @@ CPU fallback for an explicitly requested GPU backend. ``AUTO`` walks its plans i
 order (CUDA → TensorRT → DirectML → OpenVINO → CPU) and keeps the first that really holds (and,
 one layer up, passes the canary).
 
-OpenVINO is a plugin execution provider (the ``onnxruntime-ep-openvino`` package, the
-``openvino`` extra) on the stock ``onnxruntime`` wheel: registered with ONNX Runtime on first
-use, its device picked from ``onnxruntime.get_ep_devices()``, its precision set through its
-``load_config`` (``INFERENCE_PRECISION_HINT``). It is offered only where the plugin reports a
-device: it lists Intel CPUs, GPUs and NPUs only, so on other CPUs OpenVINO is not available.
+OpenVINO runs a graph on its own runtime (the ``openvino`` package, the ``openvino`` extra):
+the same ONNX file compiled for one of its devices (``CPU``, ``GPU.0``, ``NPU``) with its
+precision hint, behind the same :class:`ORTSession` surface. It is offered wherever the package
+finds a device, any vendor's CPU included. ONNX Runtime's own OpenVINO plugin EP is not used: it
+lists Intel devices only, so an AMD CPU with AVX-512 BF16 got nothing from it. AUTO takes
+OpenVINO on a CPU only in bf16 (AMX or AVX-512 BF16), where it is 2-4x ONNX Runtime's fp32; in
+f32 it gains little, so AUTO stays on ONNX Runtime there (``--backend openvino`` still runs it).
 
 Every session run carries its own ``onnxruntime.RunOptions``: a run past the session's
 ``run_timeout_s`` is stopped by ONNX Runtime's ``terminate`` flag (one watchdog thread for the
@@ -28,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
-import json
 import logging
 import os
 import platform
@@ -40,6 +42,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -196,48 +199,35 @@ def available_providers() -> list[str]:
 
 
 _OPENVINO_LOCK = threading.Lock()
-_openvino_ep_devices: list[Any] | None = None  # once registered: the plugin's OrtEpDevices
+_openvino_core: Any = None  # OpenVINO's Core once made; False where the package is missing
 
 
-def _openvino_ep() -> list[Any]:
-    """The OpenVINO plugin's ``OrtEpDevice`` list, registering the plugin on first call; empty
-    when ``onnxruntime-ep-openvino`` is not installed or ONNX Runtime cannot load it."""
-    global _openvino_ep_devices
+def _openvino() -> Any:
+    """OpenVINO's ``Core`` (made on first call), or None without the ``openvino`` package or
+    where it cannot start."""
+    global _openvino_core
     with _OPENVINO_LOCK:
-        if _openvino_ep_devices is None:
-            _openvino_ep_devices = []
+        if _openvino_core is None:
+            _openvino_core = False
             try:
-                import onnxruntime as ort
-                import onnxruntime_ep_openvino as plugin
+                import openvino as ov
             except ImportError:
-                return _openvino_ep_devices
-            name = plugin.get_ep_name()
+                return None
             try:
-                ort.register_execution_provider_library("openvino", plugin.get_library_path())
-            except Exception as exc:  # an older onnxruntime, or another caller registered it
-                log.debug("OpenVINO plugin registration: %s", exc)
-            try:
-                devices = ort.get_ep_devices()
-            except Exception as exc:
-                log.warning("OpenVINO plugin unusable: %s", exc)
-                return _openvino_ep_devices
-            _openvino_ep_devices = [d for d in devices if d.ep_name == name]
-            log.info(
-                "OpenVINO plugin devices: %s",
-                ", ".join(openvino_name(d) for d in _openvino_ep_devices) or "none",
-            )
-        return _openvino_ep_devices
-
-
-def openvino_name(device: Any) -> str:
-    """The OpenVINO device name (``CPU``, ``GPU.0``, ``NPU``) of a plugin ``OrtEpDevice``."""
-    return str(device.ep_metadata.get("ov_device", "?"))
+                core = ov.Core()
+                devices = core.available_devices
+            except Exception as exc:  # a broken install, a driver that will not load
+                log.warning("OpenVINO unusable: %s", exc)
+                return None
+            log.info("OpenVINO devices: %s", ", ".join(devices) or "none")
+            _openvino_core = core
+        return _openvino_core or None
 
 
 def openvino_devices() -> tuple[str, ...]:
-    """The OpenVINO devices the plugin offers here (empty without the plugin, or off Intel
-    hardware, which is all it lists)."""
-    return tuple(openvino_name(d) for d in _openvino_ep() if "ov_meta_device" not in d.ep_metadata)
+    """The OpenVINO devices here (``CPU``, ``GPU.0``, ...); empty without the package."""
+    core = _openvino()
+    return tuple(core.available_devices) if core is not None else ()
 
 
 def cpu_flags() -> frozenset[str]:
@@ -256,7 +246,8 @@ def plan_providers(
     """Return the provider plans to try, best first.
 
     OpenVINO gets one plan per precision to try, fastest first (``openvino_precision`` AUTO:
-    bf16 then f32 on a CPU with AMX or AVX-512 BF16, f16 then f32 on a GPU, else f32 alone).
+    bf16 then f32 on a CPU with AMX or AVX-512 BF16, else f32 alone; f16 then f32 on a GPU).
+    Under AUTO a CPU gets only the bf16 plan: OpenVINO's f32 is not worth leaving ONNX Runtime.
 
     Args:
         requested: the backend asked for.
@@ -276,7 +267,7 @@ def plan_providers(
             if backend is BackendType.DIRECTML and not platform.startswith("win"):
                 continue
             if PROVIDER_NAMES[backend] in available:
-                plans.extend(_plans(backend, settings, flags))
+                plans.extend(_plans(backend, settings, flags, auto=True))
         return [*plans, cpu]
     if requested is BackendType.CPU:
         return [cpu]
@@ -293,8 +284,7 @@ def plan_providers(
     name = next((c for c in candidates if c in available), None)
     if name is None:
         hint = (
-            "install themis-onnx-clip[openvino] (the onnxruntime-ep-openvino plugin), which "
-            "offers Intel CPUs, GPUs and NPUs only (no device on other hardware)"
+            "install themis-onnx-clip[openvino] (OpenVINO's runtime)"
             if requested is BackendType.OPENVINO
             else "install the matching onnxruntime package"
         )
@@ -312,6 +302,7 @@ def _plans(
     flags: frozenset[str] | None,
     *,
     provider: str | None = None,
+    auto: bool = False,
 ) -> list[ProviderPlan]:
     if backend is not BackendType.OPENVINO:
         return [_plan(backend, settings, provider=provider)]
@@ -321,7 +312,9 @@ def _plans(
         precisions = [settings.openvino_precision]
     elif device.startswith("CPU"):
         bf16 = _BF16_FLAGS & (cpu_flags() if flags is None else flags)
-        precisions = [InferencePrecision.BF16] * bool(bf16) + [InferencePrecision.F32]
+        # AUTO: OpenVINO's f32 is within ~10% of ONNX Runtime's, not worth a second engine
+        f32 = [] if auto else [InferencePrecision.F32]
+        precisions = [InferencePrecision.BF16] * bool(bf16) + f32
     elif device.startswith("NPU"):
         precisions = [InferencePrecision.F16]
     else:
@@ -331,15 +324,9 @@ def _plans(
         config: dict[str, str] = {"INFERENCE_PRECISION_HINT": precision.value}
         if settings.intra_op_threads is not None and device.startswith("CPU"):
             config["INFERENCE_NUM_THREADS"] = str(settings.intra_op_threads)
-        options = {"load_config": json.dumps({device: config})}
         out.append(
             ProviderPlan(
-                backend=backend,
-                providers=(
-                    (PROVIDER_NAMES[backend], options),
-                    (PROVIDER_NAMES[BackendType.CPU], {}),
-                ),
-                precision=precision,
+                backend=backend, providers=((PROVIDER_NAMES[backend], config),), precision=precision
             )
         )
     return out
@@ -511,7 +498,8 @@ class ORTSession:
         except Exception as exc:  # ORT raises pybind11 types that share no useful base
             if run.stopped is not None:
                 raise InferenceError(f"{self.name}: run stopped: {run.stopped}") from exc
-            raise InferenceError(f"{self.name}: ONNX Runtime failed: {exc}") from exc
+            engine = "OpenVINO" if isinstance(session, _OpenVINOModel) else "ONNX Runtime"
+            raise InferenceError(f"{self.name}: {engine} failed: {exc}") from exc
         finally:
             if token is not None:
                 _WATCHDOG.done(token)
@@ -560,17 +548,12 @@ def create_session(
 
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
+    if plan.backend is BackendType.OPENVINO:
+        return _openvino_session(path, plan, settings, loading_mode, name or path.name)
     names = [name for name, _ in plan.providers]
     provider_options = [dict(opts) for _, opts in plan.providers]
 
-    plugin_device = (
-        _openvino_device(settings.openvino_device) if plan.backend is BackendType.OPENVINO else None
-    )
-
     def open_session(source: Path, options: Any) -> Any:
-        if plugin_device is not None:  # a plugin EP is chosen by device, CPU takes the rest
-            options.add_provider_for_devices([plugin_device], dict(provider_options[0]))
-            return ort.InferenceSession(str(source), sess_options=options)
         return ort.InferenceSession(
             str(source), sess_options=options, providers=names, provider_options=provider_options
         )
@@ -613,9 +596,7 @@ def create_session(
                 if cache is not None and staging is not None:
                     cache_state = cache.commit(staging)
     except Exception as exc:  # InvalidProtobuf, InvalidGraph, Fail, ... (pybind11 types)
-        if plan.backend is not BackendType.CPU and (
-            "Provider" in str(exc) or "OpenVINO" in str(exc)
-        ):
+        if plan.backend is not BackendType.CPU and "Provider" in str(exc):
             raise BackendUnavailableError(f"{names[0]} failed to initialise: {exc}") from exc
         raise ModelFormatError(f"ONNX Runtime cannot load {name or path}: {exc}") from exc
     used = tuple(session.get_providers())
@@ -647,21 +628,97 @@ def create_session(
     )
 
 
-def _openvino_device(name: str) -> Any:
-    """The plugin's ``OrtEpDevice`` for OpenVINO device ``name`` (``GPU`` matches ``GPU.0``).
+def _openvino_session(
+    path: Path, plan: ProviderPlan, settings: SessionSettings, mode: LoadingMode, name: str
+) -> ORTSession:
+    """``path`` compiled by OpenVINO for ``settings.openvino_device`` under the plan's hints.
+
+    The graph is read from its file (for ``"mmap"`` OpenVINO maps the external weights itself,
+    its ``ENABLE_MMAP`` default; compiling then repacks them into the device's layout).
 
     Raises:
-        BackendUnavailableError: the plugin is missing or offers no such device.
+        BackendUnavailableError: no OpenVINO, no such device, or the graph does not compile
+            for it (an operator the device lacks): AUTO moves on to the next plan.
     """
-    devices = [d for d in _openvino_ep() if "ov_meta_device" not in d.ep_metadata]
-    for device in devices:
-        if openvino_name(device) == name or openvino_name(device).startswith(name + "."):
-            return device
-    offered = ", ".join(openvino_name(d) for d in devices)
-    raise BackendUnavailableError(
-        f"OpenVINO device {name!r} is not offered here (the plugin offers: {offered or 'none'}"
-        "; onnxruntime-ep-openvino lists Intel CPUs, GPUs and NPUs only)"
+    core = _openvino()
+    wanted = settings.openvino_device
+    offered = openvino_devices()
+    device = next((d for d in offered if d == wanted or d.startswith(wanted + ".")), None)
+    if core is None or device is None:
+        raise BackendUnavailableError(
+            f"OpenVINO device {wanted!r} is not offered here (OpenVINO offers: "
+            f"{', '.join(offered) or 'nothing; install themis-onnx-clip[openvino]'})"
+        )
+    try:
+        model = core.read_model(str(path))
+        meta = {k: str(v.astype(str)) for k, v in _framework_info(model).items()}
+        compiled = core.compile_model(model, device, dict(plan.providers[0][1]))
+        inputs = tuple(_port_info(p) for p in compiled.inputs)
+        outputs = tuple(_port_info(p) for p in compiled.outputs)
+    except ModelFormatError:
+        raise
+    except Exception as exc:  # OpenVINO raises RuntimeError subclasses with the reason
+        raise BackendUnavailableError(
+            f"OpenVINO cannot compile {name} for {device} ({plan.describe()}): {exc}"
+        ) from exc
+    log.info("loaded %s on OpenVINO %s (%s, %s)", name, device, plan.describe(), mode)
+    return ORTSession(
+        session=_OpenVINOModel(compiled, meta),
+        backend=BackendType.OPENVINO,
+        path=path,
+        loading_mode=mode,
+        name=name,
+        inputs=inputs,
+        outputs=outputs,
+        providers=(f"OpenVINO {device}",),
+        precision=plan.precision,
+        run_timeout_s=settings.run_timeout_s,
     )
+
+
+class _OpenVINOModel:
+    """An OpenVINO compiled model behind the part of ``InferenceSession`` that
+    :class:`ORTSession` uses: ``run`` (thread-safe: one infer request per run, ~15 us to make)
+    and ``get_modelmeta``. A run whose ``RunOptions.terminate`` is set is cancelled within
+    20 ms, as ONNX Runtime stops its own."""
+
+    _POLL_MS = 20
+
+    def __init__(self, compiled: Any, meta: Mapping[str, str]) -> None:
+        self._compiled = compiled
+        self._index = {p.get_any_name(): i for i, p in enumerate(compiled.outputs)}
+        self._meta = meta
+
+    def run(
+        self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], options: Any = None
+    ) -> list[npt.NDArray[Any]]:
+        request = self._compiled.create_infer_request()
+        request.start_async(dict(feeds))
+        while not request.wait_for(self._POLL_MS):
+            if options is not None and options.terminate:
+                request.cancel()
+                raise RuntimeError("OpenVINO run cancelled")
+        wanted = output_names if output_names is not None else list(self._index)
+        return [np.array(request.get_output_tensor(self._index[n]).data) for n in wanted]
+
+    def get_modelmeta(self) -> Any:
+        return SimpleNamespace(custom_metadata_map=dict(self._meta))
+
+
+def _framework_info(model: Any) -> Mapping[str, Any]:
+    """The ONNX file's ``metadata_props`` as OpenVINO keeps them (its ``framework`` rt_info)."""
+    info = model.get_rt_info()
+    return dict(info["framework"]) if "framework" in info else {}
+
+
+def _port_info(port: Any) -> TensorInfo:
+    try:
+        dtype = np.dtype(port.get_element_type().to_dtype())
+    except Exception as exc:
+        raise ModelFormatError(f"tensor {port.get_any_name()!r}: {exc}") from exc
+    dims = port.get_partial_shape()
+    shape = tuple(d.get_length() if d.is_static else None for d in dims)
+    return TensorInfo(name=port.get_any_name(), shape=shape, dtype=dtype)
 
 
 _LEVELS = {

@@ -143,8 +143,8 @@ class BackendType(enum.StrEnum):
     """Execution backends (ThemisDB's ``BackendType``, plus ``COREML``).
 
     ``AUTO`` probes CUDA → TensorRT → DirectML → OpenVINO → CPU (the seed's order, with
-    OpenVINO where its plugin offers a device). ONNX Runtime
-    providers: CUDA, TensorRT, DirectML, OpenVINO, ROCm (MIGraphX, or the older ROCm
+    OpenVINO on a CPU that computes in bf16). OpenVINO runs on its own runtime; ONNX Runtime
+    providers: CUDA, TensorRT, DirectML, ROCm (MIGraphX, or the older ROCm
     provider), METAL and COREML (CoreML, Apple's route to Metal). OPENCL and VULKAN have no
     ONNX Runtime provider: asking for them fails ``initialize`` with that reason.
     """

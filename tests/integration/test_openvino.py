@@ -1,4 +1,4 @@
-"""OpenVINO for real (where its plugin offers a device), and the batch-independence promise on
+"""OpenVINO for real (on any vendor's CPU), and the batch-independence promise on
 every provider: a vector must not depend on its batch-mates (alone vs in batches of 1 to 32:
 bit-identical where the provider allows, else cosine >= 0.99999).
 
@@ -10,6 +10,7 @@ canary and the checks here; the kernels themselves are the CPU's.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 
 from tests.helpers import photo_like
 from themis_clip import BackendType, ModelConfig, OnnxClipPlugin, PluginConfig
+from themis_clip.config import OpenVINOConfig
 from themis_clip.resources import demo_model_path
 from themis_clip.runtime import (
     ProviderPlan,
@@ -27,6 +29,7 @@ from themis_clip.runtime import (
     openvino_devices,
     plan_providers,
 )
+from themis_clip.vocabulary import InferencePrecision
 
 CPU = "CPUExecutionProvider"
 
@@ -36,15 +39,14 @@ pytestmark = pytest.mark.usefixtures("auto_backend")
 
 def openvino_device() -> str | None:
     try:
-        import onnxruntime_ep_openvino  # noqa: F401
+        import openvino  # noqa: F401
     except ImportError:
         return None
     return next(iter(openvino_devices()), None)
 
 
 needs_openvino = pytest.mark.skipif(
-    openvino_device() is None,
-    reason="the OpenVINO plugin offers no device here (not installed, or not Intel hardware)",
+    openvino_device() is None, reason="no OpenVINO wheel for this platform"
 )
 
 
@@ -68,7 +70,7 @@ PROVIDERS = {
 def served(request: pytest.FixtureRequest) -> Iterator[OnnxClipPlugin]:
     backend, available = PROVIDERS[request.param]
     if backend is BackendType.OPENVINO and openvino_device() is None:
-        pytest.skip("the OpenVINO plugin offers no device here (not installed, or not Intel)")
+        pytest.skip("no OpenVINO wheel for this platform")
     plugin = (
         OnnxClipPlugin(available_providers=available, session_factory=injected)
         if available
@@ -105,20 +107,49 @@ def test_a_vector_does_not_depend_on_its_batch_mates(served: OnnxClipPlugin) -> 
 
 
 @needs_openvino
-def test_openvino_serves_with_its_precision_and_canary(tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["bf16", "f32"])
+def test_openvino_serves_with_its_precision_and_canary(precision: str) -> None:
+    # bf16 is forced where the CPU lacks it: OpenVINO then emulates it (slowly, same numbers)
     plugin = OnnxClipPlugin()
-    config = PluginConfig(model=ModelConfig(path=str(demo_model_path())))
-    assert plugin.initialize(config), plugin.last_error  # AUTO picks OpenVINO where offered
+    config = PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        openvino=OpenVINOConfig(precision=InferencePrecision(precision)),
+    )
+    assert plugin.initialize(config), plugin.last_error  # AUTO honours a forced precision
     try:
         stats = plugin.get_statistics()
-        assert stats["backend"] == "openvino"
-        assert stats["providers"][0] == "OpenVINOExecutionProvider"
-        assert stats["precision"] in ("bf16", "f32", "f16")
-        assert min(stats["canary"]["min_cosine"].values()) >= 0.9999
-        # the canary ran on both towers; f32 forced is f32
+        assert (stats["backend"], stats["precision"]) == ("openvino", precision)
+        assert stats["providers"] == ["OpenVINO CPU"]
+        # the canary ran on both towers against ONNX Runtime's CPU fp32 and passed
         assert set(stats["canary"]["min_cosine"]) == {"visual", "textual"}
+        assert min(stats["canary"]["min_cosine"].values()) >= 0.9999
+        # and OpenVINO really computed: its vectors are not the reference's bit for bit
+        reference = OnnxClipPlugin()
+        assert reference.initialize(config, BackendType.CPU)
+        mine = plugin.generate_text_embedding("a red circle").embedding
+        theirs = reference.generate_text_embedding("a red circle").embedding
+        reference.shutdown()
+        assert not np.array_equal(mine, theirs)
+        assert float(np.dot(mine, theirs)) >= 0.9999
     finally:
         plugin.shutdown()
+
+
+@needs_openvino
+def test_a_stopped_openvino_run_is_cancelled(tmp_path: Path) -> None:
+    from themis_clip.errors import InferenceError
+
+    plan = plan_providers(BackendType.OPENVINO, ["OpenVINOExecutionProvider"])[-1]
+    session = create_session(demo_model_path() / "visual.onnx", plan, SessionSettings())
+    name, size = session.inputs[0].name, session.inputs[0].fixed_dim(2)
+    pixels = np.zeros((4096, 3, size, size), np.float32)  # seconds of work
+    stopper = threading.Timer(0.05, session.stop_runs, args=("the test stopped it",))
+    stopper.start()
+    with pytest.raises(InferenceError, match="run stopped: the test stopped it"):
+        session.run(None, {name: pixels})
+    (out,) = session.run(None, {name: pixels[:2]})  # the session still serves
+    assert out.shape[0] == 2
+    session.close()
 
 
 @needs_openvino
@@ -142,3 +173,42 @@ def test_openvino_hot_swap_and_mmap(tmp_path: Path) -> None:
         assert float(np.dot(before, after)) >= 0.9999
     finally:
         plugin.shutdown()
+
+
+@needs_openvino
+@pytest.mark.slow
+def test_ocr_on_openvino_reads_what_the_cpu_reads(tmp_path: Path) -> None:
+    """PP-OCRv4's real models, compiled by OpenVINO in its default precision (bf16 where the
+    CPU has it, which is what AUTO takes), read the same lines as ONNX Runtime's fp32."""
+    from importlib import metadata
+
+    from tests.ocr_gallery import fonts, make_scene
+    from themis_clip.config import OCRConfig
+    from themis_clip.models.ocr import OCR_WHEEL
+    from themis_clip.ocr import OCREngine
+
+    try:
+        metadata.distribution(OCR_WHEEL)
+    except metadata.PackageNotFoundError:
+        pytest.skip(f"{OCR_WHEEL} (the OCR models) is not installed")
+    font = next(iter(fonts()), None)
+    if font is None:
+        pytest.skip("no gallery font (apt install fonts-dejavu-core)")
+    scenes = []
+    for i, (kind, rotation, tilt) in enumerate([("receipt", 0, 0.0), ("screen", 0, 12.0)]):
+        path = tmp_path / f"{kind}.jpg"
+        make_scene(path, kind=kind, font=font, seed=40 + i, rotation=rotation, tilt=tilt)
+        scenes.append(path)
+    read = {}
+    for backend in (BackendType.CPU, BackendType.OPENVINO):
+        engine = OCREngine.load(OCRConfig(enabled=True), backend=backend)
+        try:
+            read[backend] = [engine.read_text(path) for path in scenes]
+        finally:
+            engine.close()
+    for cpu, ov in zip(read[BackendType.CPU], read[BackendType.OPENVINO], strict=True):
+        assert cpu.lines, "the scene has text"
+        assert sorted(x.text for x in ov.lines) == sorted(x.text for x in cpu.lines)
+        boxes = {x.text: np.array(x.box) for x in cpu.lines}
+        for line in ov.lines:
+            assert np.abs(np.array(line.box) - boxes[line.text]).max() <= 4.0, line.text

@@ -180,9 +180,10 @@ def test_json_answers_are_what_the_docs_show(client: TestClient) -> None:
     cohere = {"model": model, "texts": ["a dog"], "embedding_types": ["float", "int8"]}
     check("POST", "/v2/embed", json=cohere)
     check("GET", "/admin/migrate", headers=admin)
-    started = client.post(
-        "/admin/migrate", json={"path": "b", "cut_over": "command"}, headers=admin
-    )
+    # at a thousandth of a core the run rests ~1000x each chunk's time after it, so the pause
+    # lands before the run ends (at full speed 3 items could finish first: resume then 409s)
+    slow = {"path": "b", "cut_over": "command", "cores": 0.001}
+    started = client.post("/admin/migrate", json=slow, headers=admin)
     assert started.status_code == 202, started.text
     models["POST", "/admin/migrate"].model_validate(started.json())
     checked.add(("POST", "/admin/migrate"))

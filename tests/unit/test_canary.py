@@ -175,11 +175,22 @@ def test_openvino_walks_its_precisions_fastest_first(
     # A CPU with AMX: bf16 is tried first; here it loses too much and f32 serves.
     monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset({"avx2", "amx_bf16"}))
     factory = Provider({InferencePrecision.BF16: noisy(0.02)})
-    plugin = start(tiny_model_dir, [OV, CPU], factory)
+    plugin = start(tiny_model_dir, [OV, CPU], factory, BackendType.OPENVINO)
     try:
         stats = plugin.get_statistics()
         assert (stats["backend"], stats["precision"]) == ("openvino", "f32")
         assert stats["providers"] == [OV, CPU]
+        (reason,) = stats["canary"]["refused"]
+        assert reason.startswith("openvino bf16 refused by the canary")
+    finally:
+        plugin.shutdown()
+    # AUTO: OpenVINO only in bf16 on a CPU; refused, ONNX Runtime's CPU fp32 serves
+    factory = Provider({InferencePrecision.BF16: noisy(0.02)})
+    plugin = start(tiny_model_dir, [OV, CPU], factory)
+    try:
+        stats = plugin.get_statistics()
+        assert (stats["backend"], stats["precision"]) == ("cpu", "f32")
+        assert factory.opened.count("openvino f32") == 0
         (reason,) = stats["canary"]["refused"]
         assert reason.startswith("openvino bf16 refused by the canary")
     finally:
