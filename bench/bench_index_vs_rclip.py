@@ -16,7 +16,7 @@ unchanged on 3.11. Its query is an image path, so it loads the image tower only,
 Rounds interleave the systems (ours, rclip, ours, ...), each a fresh process with a fresh index;
 medians are reported with ratios ours / rclip throughput (>1: we are faster).
 
-Usage: PYTHONPATH=src .venv/bin/python bench/bench_index_vs_rclip.py [--rounds 5] [--n 48]
+Usage: PYTHONPATH=src .venv/bin/python bench/bench_index_vs_rclip.py [--rounds 5] [--n 48] [--n-12mp N]
        [--skip-cli] [--skip-lib] [--baseline OTHER_SRC] [--draft]
 """
 
@@ -164,13 +164,24 @@ def run_floor(images: Path) -> float:
     return time.perf_counter() - t0
 
 
-def run_ours_cli(images: Path, src: Path = ROOT / "src", decode_mode: str | None = None) -> float:
+def run_ours_cli(
+    images: Path,
+    src: Path = ROOT / "src",
+    decode_mode: str | None = None,
+    cache: Path | None = None,
+) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "PYTHONPATH": str(src)}
         cmd = [str(OURS_PY), "-m", "themis_clip.cli", "index", str(images), "--model", str(MODEL)]
+        config: dict[str, object] = {}
         if decode_mode is not None:
-            config = {"model": {"path": str(MODEL)}, "preprocess": {"decode_mode": decode_mode}}
-            (Path(tmp) / "config.json").write_text(json.dumps(config))
+            config["preprocess"] = {"decode_mode": decode_mode}
+        if cache is not None:
+            config["session"] = {"optimized_model_cache_dir": str(cache)}
+        if config:
+            (Path(tmp) / "config.json").write_text(
+                json.dumps({"model": {"path": str(MODEL)}, **config})
+            )
             cmd += ["--config", f"{tmp}/config.json"]
         t0 = time.perf_counter()
         subprocess.run([*cmd, "--index", f"{tmp}/i.db"], env=env, check=True, capture_output=True)
@@ -229,12 +240,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--n", type=int, default=48, help="images per folder")
+    ap.add_argument("--n-12mp", type=int, help="images in the 12 MP folder (default: --n)")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--skip-lib", action="store_true")
     ap.add_argument(
         "--draft",
         action="store_true",
         help="also time ours with the opt-in preprocess.decode_mode 'draft', and its cosines",
+    )
+    ap.add_argument(
+        "--cached",
+        action="store_true",
+        help="also time ours with session.optimized_model_cache_dir (warm after round one)",
     )
     ap.add_argument(
         "--baseline",
@@ -251,7 +268,8 @@ def main() -> None:
     # modules in every fresh process would cost ours 0.1-0.2 s that an installed wheel never pays.
     for src in (ROOT / "src", *([args.baseline] if args.baseline else [])):
         subprocess.run([str(OURS_PY), "-m", "compileall", "-q", str(src)], check=True)
-    sets = {name: folder(name, args.n) for name in FOLDERS}
+    counts = {"1024x768": args.n, "12MP": args.n_12mp or args.n}
+    sets = {name: folder(name, counts[name]) for name in FOLDERS}
     if not args.skip_cli:
         walls: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
@@ -265,11 +283,14 @@ def main() -> None:
                     systems += (("base", functools.partial(run_ours_cli, src=args.baseline)),)
                 if args.draft:
                     systems += (("draft", functools.partial(run_ours_cli, decode_mode="draft")),)
+                if args.cached:
+                    cache = HERE / "data" / "start-up-cache"
+                    systems += (("cached", functools.partial(run_ours_cli, cache=cache)),)
                 for system, fn in systems:
                     if r == 0:
                         fn(images)  # page cache warm for both
                     walls.setdefault((name, system), []).append(fn(images))
-        print(f"index wall time, fresh process, {args.n} images, median of {args.rounds}:")
+        print(f"index wall time, fresh process, {counts} images, median of {args.rounds}:")
         for name in sets:
             o = statistics.median(walls[(name, "ours")])
             c = statistics.median(walls[(name, "rclip")])
@@ -282,6 +303,9 @@ def main() -> None:
             if args.baseline:
                 b = statistics.median(walls[(name, "base")])
                 print(f"  {'':9s} baseline {b:6.2f} s: ratio (base/rclip thr) {c / b:.2f}")
+            if args.cached:
+                k = statistics.median(walls[(name, "cached")])
+                print(f"  {'':9s} start-up cache {k:6.2f} s: ratio (cached/rclip thr) {c / k:.2f}")
             if args.draft:
                 d = statistics.median(walls[(name, "draft")])
                 print(

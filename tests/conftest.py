@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,10 +21,17 @@ else:
     NO_EXPORTER = None
 
 
-# Every model in the suite loads on ONNX Runtime's CPU provider in fp32, whatever CPU runs it: on an
-# Intel CPU, AUTO would pick OpenVINO (bf16 on AMX), and the suite's parity floors are CPU fp32's.
+# Every model in the suite loads on ONNX Runtime's CPU provider in fp32, whatever CPU runs it: on a
+# CPU with bf16 (AMX, AVX-512 BF16), AUTO picks OpenVINO, and the suite's parity floors are CPU fp32's.
 # Tests of AUTO itself clear it (the ``auto_backend`` fixture); subprocesses inherit it.
 os.environ.setdefault("THEMIS_CLIP_BACKEND", "cpu")
+# The commands keep start-up work in $XDG_CACHE_HOME/themis-clip: the suite's go to a folder of its
+# own, not the user's (one per run, shared by its tests and their subprocesses).
+_CACHE = os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="themis-clip-test-cache-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

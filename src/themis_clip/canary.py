@@ -4,7 +4,8 @@ At every load (so after every hot swap too), a tower opened on anything but the 
 fp32 (a GPU, OpenVINO, a reduced precision) embeds golden inputs (the warm-up input and images
 drawn by :mod:`themis_clip.demo.scenes` for the image tower; the probe row and captions for the
 text tower) each alone and all in one batch; a reference session of the same graph on the CPU
-provider in fp32 embeds each alone. The smallest cosine must reach the floor
+provider in fp32 embeds each alone (or its vectors are read from the reference cache, where
+``session.optimized_model_cache_dir`` keeps them). The smallest cosine must reach the floor
 (``canary_min_cosine``), else the provider is refused with the figure. This catches a provider
 that returns one vector for every input, lets batch-mates leak into each other, or loses too
 much precision; why: such a provider corrupts an index silently, and nothing else would notice.
@@ -12,8 +13,14 @@ much precision; why: such a provider corrupts an index silently, and nothing els
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
+import os
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +30,15 @@ from themis_clip.demo.scenes import Scene, render_scene
 from themis_clip.engine import TextualTower, VisualTower, l2_normalize
 from themis_clip.preprocess.image import ImagePreprocessor
 
-__all__ = ["CanaryResult", "golden_pixels", "golden_rows", "min_cosine", "probe"]
+__all__ = [
+    "CanaryResult",
+    "Reference",
+    "cached_reference",
+    "golden_pixels",
+    "golden_rows",
+    "min_cosine",
+    "probe",
+]
 
 #: the golden images: distinct shapes, colours and places, drawn the same on every machine
 GOLDEN_SCENES = (
@@ -32,6 +47,8 @@ GOLDEN_SCENES = (
     Scene(shape="triangle", colour="green", position="right", seed=3),
     Scene(shape="star", colour="yellow", size="small", seed=4),
 )
+log = logging.getLogger(__name__)
+
 GOLDEN_CAPTIONS = ("a photo of a dog", "a red circle", "ein Haus am See", "🙂 1234 ...")
 
 
@@ -61,9 +78,13 @@ def golden_rows(tower: TextualTower) -> list[list[int]]:
     return [tower.tokenizer.probe_row(), *(list(r) for r in batch.rows if r)]
 
 
+#: the reference: the vectors of the golden inputs, each embedded alone on CPU fp32
+Reference = Callable[[Sequence[Any]], npt.NDArray[np.float32]]
+
+
 def min_cosine(
     run: Callable[[Any], npt.NDArray[np.float32]],
-    reference: Callable[[Any], npt.NDArray[np.float32]],
+    reference: Reference,
     inputs: Sequence[Any] | npt.NDArray[Any],
     join: Callable[[Sequence[Any]], Any],
 ) -> float:
@@ -71,7 +92,7 @@ def min_cosine(
     one batch made by ``join``) and ``reference``'s of each alone; -1 for a vector that is not
     finite or is zero."""
     items = [inputs[i : i + 1] for i in range(len(inputs))]
-    ref, ref_ok = l2_normalize(np.concatenate([reference(x) for x in items]))
+    ref, ref_ok = l2_normalize(reference(items))
     worst = 1.0
     for out in (np.concatenate([run(x) for x in items]), run(join(items))):
         got, ok = l2_normalize(out)
@@ -82,17 +103,48 @@ def min_cosine(
 
 def probe(
     tower: VisualTower | TextualTower,
-    reference: VisualTower | TextualTower,
+    reference: Reference,
     floor: float,
     preprocessor: ImagePreprocessor,
 ) -> CanaryResult:
     """Run the canary on ``tower`` against ``reference`` (the same graph on CPU fp32)."""
     if isinstance(tower, VisualTower):
-        assert isinstance(reference, VisualTower)
         pixels = golden_pixels(preprocessor)
-        cos = min_cosine(tower.run, reference.run, pixels, np.concatenate)
+        cos = min_cosine(tower.run, reference, pixels, np.concatenate)
         return CanaryResult(tower="visual", min_cosine=cos, floor=floor)
-    assert isinstance(reference, TextualTower)
     rows = golden_rows(tower)
-    cos = min_cosine(tower.run, reference.run, rows, lambda items: [r for x in items for r in x])
+    cos = min_cosine(tower.run, reference, rows, lambda items: [r for x in items for r in x])
     return CanaryResult(tower="textual", min_cosine=cos, floor=floor)
+
+
+def cached_reference(folder: Path, key: str, compute: Reference) -> Reference:
+    """``compute``, its vectors kept in ``folder`` under ``key`` plus the inputs' bytes, so a
+    later load with the same model file and inputs skips the reference session (about 1 s for
+    ViT-B/32). A damaged entry is computed again; an unwritable folder only logs."""
+
+    def reference(items: Sequence[Any]) -> npt.NDArray[np.float32]:
+        h = hashlib.sha256(key.encode())
+        for item in items:
+            a = np.ascontiguousarray(item)
+            h.update(f"{a.dtype}{a.shape}".encode() + a.tobytes())
+        path = folder / f"canary-{h.hexdigest()[:32]}.npy"
+        try:
+            cached: npt.NDArray[np.float32] = np.load(path, allow_pickle=False)
+            if cached.dtype == np.float32 and cached.ndim == 2 and len(cached) == len(items):
+                return cached
+        except (OSError, ValueError, EOFError):  # none yet, or damaged: compute it
+            pass
+        out = np.ascontiguousarray(compute(items), dtype=np.float32)
+        staging = folder / f".{path.name}.{uuid.uuid4().hex}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(staging, "wb") as f:
+                np.save(f, out, allow_pickle=False)
+            os.replace(staging, path)  # whole or not at all, for concurrent loaders too
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                staging.unlink(missing_ok=True)
+            log.warning("canary reference not kept in %s: %s", folder, exc)
+        return out
+
+    return reference

@@ -157,11 +157,13 @@ class SessionConfig:
 
     Attributes:
         optimization_level: ``"all"`` (default), ``"extended"``, ``"basic"`` or ``"disabled"``.
-        optimized_model_cache_dir: where the optimised graph of each CPU session is saved and
-            reloaded on later loads (start-up and hot swap skip the graph optimisation). Keyed by
-            the model files' size, mtime and inode, ONNX Runtime's version, the level and the
-            CPU's feature flags (level ``"all"`` may write CPU-specific kernels). Not used with
-            memory-mapped loading. None: off.
+        optimized_model_cache_dir: where a load keeps what it computed, for later loads:
+            each CPU session's optimised graph (start-up and hot swap skip the graph
+            optimisation; not with memory-mapped loading), OpenVINO's compiled models and the
+            canary's CPU fp32 reference vectors. Keyed by the model files' size, mtime and
+            inode, ONNX Runtime's version, the level and the CPU's feature flags (level
+            ``"all"`` may write CPU-specific kernels). None: off (the commands default to
+            ``$XDG_CACHE_HOME/themis-clip/sessions``).
         cpu_mem_arena: ONNX Runtime's CPU memory arena (default on).
         allow_spinning: whether idle intra-op threads spin waiting for work. None: ONNX
             Runtime's default (spin). Spinning makes a lone session faster but burns the cores

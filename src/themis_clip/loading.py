@@ -12,11 +12,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from themis_clip.budget import PixelBudget
-from themis_clip.canary import probe
+from themis_clip.canary import cached_reference, probe
 from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import (
@@ -43,6 +45,7 @@ from themis_clip.runtime import (
     auto_backend,
     available_providers,
     create_session,
+    model_file_key,
     plan_providers,
 )
 from themis_clip.vocabulary import Layout, LoadingMode, ModelIdentity
@@ -106,28 +109,42 @@ def load_model(
     t_path, t_mode, t_note = sources.get("textual", (load_path, mode, None))
     note = note or t_note
     reference = plan_providers(BackendType.CPU, ["CPUExecutionProvider"], settings=settings)[0]
+    once = replace(settings, optimized_cache_dir=None)  # the reference session's settings
 
     def canary(
         tower: VisualTower | TextualTower, plan: ProviderPlan, path: Path, path_mode: str
     ) -> float:
         """The tower's canary against CPU fp32; below the floor: :class:`CanaryFailedError`."""
-        ref_session = session_factory(
-            path, reference, settings, loading_mode=path_mode, name=path.name
+
+        def embed_alone(items: Sequence[Any]) -> npt.NDArray[np.float32]:
+            # its vectors are kept (below), so its optimised graph would never be read again
+            ref_session = session_factory(
+                path, reference, once, loading_mode=path_mode, name=path.name
+            )
+            try:
+                ref: VisualTower | TextualTower
+                if isinstance(tower, VisualTower):
+                    ref = VisualTower(
+                        ref_session, config.max_batch_size, pooler_is_embedding=pooler
+                    )
+                else:
+                    ref = TextualTower(
+                        ref_session,
+                        tower.tokenizer,
+                        config.max_batch_size,
+                        pooler_is_embedding=pooler,
+                    )
+                return np.concatenate([ref.run(x) for x in items])
+            finally:
+                ref_session.close()
+
+        folder = settings.optimized_cache_dir
+        ref = (
+            cached_reference(Path(folder), model_file_key(path, "canary"), embed_alone)
+            if folder
+            else embed_alone
         )
-        try:
-            ref: VisualTower | TextualTower
-            if isinstance(tower, VisualTower):
-                ref = VisualTower(ref_session, config.max_batch_size, pooler_is_embedding=pooler)
-            else:
-                ref = TextualTower(
-                    ref_session,
-                    tower.tokenizer,
-                    config.max_batch_size,
-                    pooler_is_embedding=pooler,
-                )
-            result = probe(tower, ref, config.canary_min_cosine, preprocessor)
-        finally:
-            ref_session.close()
+        result = probe(tower, ref, config.canary_min_cosine, preprocessor)
         log.info(
             "canary %s %s: min cosine %.6f to cpu f32 (floor %g)",
             plan.describe(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,17 @@ from themis_clip.runtime import available_providers
 EXE = shutil.which("themis-clip") or str(Path(sys.executable).parent / "themis-clip")
 
 
-def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [EXE, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+        [EXE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -91,6 +100,30 @@ def test_info_and_health(tiny_model_dir: Path) -> None:
     else:  # OpenVINO's runtime on this CPU, whatever its vendor
         assert refused.returncode == 0, refused.stderr
         assert json.loads(refused.stdout)["backend"] == "openvino"
+
+
+def test_commands_keep_start_up_work_in_the_user_cache(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A command keeps its optimised graphs (and OpenVINO's, and the canary's references) in
+    $XDG_CACHE_HOME/themis-clip/sessions unless its config names a folder, or null for none."""
+    home = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    sessions = tmp_path / "xdg" / "themis-clip" / "sessions"
+    assert run("info", "--model", str(tiny_model_dir), env=home).returncode == 0
+    entries = {p.parent for p in sessions.glob("*/model.onnx")}
+    assert len(entries) == 2  # the two towers' optimised graphs (the suite pins cpu)
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps({"session": {"optimized_model_cache_dir": None}}))
+    shutil.rmtree(sessions)
+    out = run("info", "--model", str(tiny_model_dir), "--config", str(off), env=home)
+    assert out.returncode == 0, out.stderr
+    assert not sessions.exists()
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"session": {"optimized_model_cache_dir": str(tmp_path / "mine")}}))
+    assert (
+        run("info", "--model", str(tiny_model_dir), "--config", str(own), env=home).returncode == 0
+    )
+    assert not sessions.exists() and len(list((tmp_path / "mine").glob("*/model.onnx"))) == 2
 
 
 def test_config_file(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import photo_like
 from themis_clip import BackendType, ModelConfig, OnnxClipPlugin, PluginConfig
-from themis_clip.config import OpenVINOConfig
+from themis_clip.config import OpenVINOConfig, SessionConfig
 from themis_clip.resources import demo_model_path
 from themis_clip.runtime import (
     ProviderPlan,
@@ -212,3 +212,46 @@ def test_ocr_on_openvino_reads_what_the_cpu_reads(tmp_path: Path) -> None:
         boxes = {x.text: np.array(x.box) for x in cpu.lines}
         for line in ov.lines:
             assert np.abs(np.array(line.box) - boxes[line.text]).max() <= 4.0, line.text
+
+
+@needs_openvino
+def test_openvino_keeps_its_compiled_model_and_the_canary_reference(tmp_path: Path) -> None:
+    """``session.optimized_model_cache_dir``: OpenVINO's compiled models go to its own cache
+    (``CACHE_DIR``), the canary's CPU fp32 references beside them; a second load serves the
+    same vectors from both."""
+    cache = tmp_path / "cache"
+    config = PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        session=SessionConfig(optimized_model_cache_dir=str(cache)),
+        openvino=OpenVINOConfig(precision=InferencePrecision.F32),
+    )
+    vectors = []
+    for _ in range(2):
+        plugin = OnnxClipPlugin()
+        assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+        try:
+            assert plugin.get_statistics()["providers"] == ["OpenVINO CPU"]
+            vectors.append(plugin.generate_text_embedding("a red circle").embedding)
+        finally:
+            plugin.shutdown()
+        assert [p.suffix for p in (cache / "openvino").iterdir()].count(".blob") == 2
+        assert len(list(cache.glob("canary-*.npy"))) == 2
+    assert float(np.dot(vectors[0], vectors[1])) >= 0.99999
+
+
+@needs_openvino
+def test_an_unusable_cache_folder_never_fails_an_openvino_load(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    config = PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        session=SessionConfig(optimized_model_cache_dir=str(blocker / "cache")),
+        openvino=OpenVINOConfig(precision=InferencePrecision.F32),
+    )
+    plugin = OnnxClipPlugin()
+    assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+    try:
+        assert plugin.get_statistics()["providers"] == ["OpenVINO CPU"]
+        assert np.isfinite(plugin.generate_text_embedding("a red circle").embedding).all()
+    finally:
+        plugin.shutdown()

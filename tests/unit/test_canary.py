@@ -240,3 +240,50 @@ def test_the_canary_runs_again_on_every_hot_swap(
         assert min(plugin.get_statistics()["canary"]["min_cosine"].values()) > 0.99999
     finally:
         plugin.shutdown()
+
+
+def test_a_kept_reference_skips_the_reference_sessions_but_not_the_verdict(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With ``session.optimized_model_cache_dir`` the CPU fp32 reference vectors are kept:
+    the next load opens no reference session, still refuses a broken provider, and a changed
+    model file or a damaged entry gets a fresh reference."""
+    import shutil
+
+    from themis_clip.config import SessionConfig
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    cache = tmp_path / "cache"
+    kept = {"session": SessionConfig(optimized_model_cache_dir=str(cache))}
+
+    def load(factory: Provider) -> OnnxClipPlugin:
+        plugin = start(model, [CUDA, CPU], factory, BackendType.CUDA, **kept)
+        plugin.generate_text_embedding("a red circle")  # the text tower and its canary
+        return plugin
+
+    first, again = Provider(), Provider()
+    a = load(first)
+    b = load(again)
+    try:
+        assert first.opened.count("cpu f32") == 2  # a reference session per tower
+        assert again.opened == ["cuda f32", "cuda f32"]  # none: the references were kept
+        assert len(list(cache.glob("canary-*.npy"))) == 2
+        cos_a, cos_b = (p.get_statistics()["canary"]["min_cosine"] for p in (a, b))
+        assert set(cos_b) == {"visual", "textual"}
+        assert cos_a == pytest.approx(cos_b, abs=1e-6)
+    finally:
+        a.shutdown()
+        b.shutdown()
+    broken = start(model, [CUDA, CPU], Provider({None: same_vector}), BackendType.CUDA, **kept)
+    assert not broken.is_ready()
+    assert "refused by the canary" in (broken.last_error or "")
+    for entry in cache.glob("canary-*.npy"):  # damaged entries are computed again
+        entry.write_bytes(b"\x93NUMPY garbage")
+    damaged = Provider()
+    load(damaged).shutdown()
+    assert damaged.opened.count("cpu f32") == 2
+    (model / "visual.onnx").touch()  # another file: another key, another reference
+    changed = Provider()
+    load(changed).shutdown()
+    assert changed.opened.count("cpu f32") == 1  # the image tower's; the text tower's is kept
