@@ -30,6 +30,8 @@ from themis_clip.demo.scenes import Scene, render_scene
 from themis_clip.engine import TextualTower, VisualTower, l2_normalize
 from themis_clip.preprocess.image import ImagePreprocessor
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "CanaryResult",
     "Reference",
@@ -47,8 +49,6 @@ GOLDEN_SCENES = (
     Scene(shape="triangle", colour="green", position="right", seed=3),
     Scene(shape="star", colour="yellow", size="small", seed=4),
 )
-log = logging.getLogger(__name__)
-
 GOLDEN_CAPTIONS = ("a photo of a dog", "a red circle", "ein Haus am See", "🙂 1234 ...")
 
 
@@ -117,10 +117,13 @@ def probe(
     return CanaryResult(tower="textual", min_cosine=cos, floor=floor)
 
 
-def cached_reference(folder: Path, key: str, compute: Reference) -> Reference:
+def cached_reference(
+    folder: Path, key: str, compute: Reference, *, refresh: bool = False
+) -> Reference:
     """``compute``, its vectors kept in ``folder`` under ``key`` plus the inputs' bytes, so a
     later load with the same model file and inputs skips the reference session (about 1 s for
-    ViT-B/32). A damaged entry is computed again; an unwritable folder only logs."""
+    ViT-B/32). An unreadable entry, or any with ``refresh``, is computed again and replaced; an
+    unwritable folder only logs."""
 
     def reference(items: Sequence[Any]) -> npt.NDArray[np.float32]:
         h = hashlib.sha256(key.encode())
@@ -130,7 +133,12 @@ def cached_reference(folder: Path, key: str, compute: Reference) -> Reference:
         path = folder / f"canary-{h.hexdigest()[:32]}.npy"
         try:
             cached: npt.NDArray[np.float32] = np.load(path, allow_pickle=False)
-            if cached.dtype == np.float32 and cached.ndim == 2 and len(cached) == len(items):
+            if (
+                not refresh
+                and cached.dtype == np.float32
+                and cached.ndim == 2
+                and len(cached) == len(items)
+            ):
                 return cached
         except (OSError, ValueError, EOFError):  # none yet, or damaged: compute it
             pass

@@ -110,6 +110,7 @@ def load_model(
     note = note or t_note
     reference = plan_providers(BackendType.CPU, ["CPUExecutionProvider"], settings=settings)[0]
     once = replace(settings, optimized_cache_dir=None)  # the reference session's settings
+    floor = config.canary_min_cosine
 
     def canary(
         tower: VisualTower | TextualTower, plan: ProviderPlan, path: Path, path_mode: str
@@ -139,12 +140,16 @@ def load_model(
                 ref_session.close()
 
         folder = settings.optimized_cache_dir
-        ref = (
-            cached_reference(Path(folder), model_file_key(path, "canary"), embed_alone)
-            if folder
-            else embed_alone
-        )
-        result = probe(tower, ref, config.canary_min_cosine, preprocessor)
+        if folder:
+            key = model_file_key(path, "canary")
+            result = probe(
+                tower, cached_reference(Path(folder), key, embed_alone), floor, preprocessor
+            )
+            if not result.passed:  # never refuse a provider on a kept reference: a fresh one
+                fresh = cached_reference(Path(folder), key, embed_alone, refresh=True)
+                result = probe(tower, fresh, floor, preprocessor)
+        else:
+            result = probe(tower, embed_alone, floor, preprocessor)
         log.info(
             "canary %s %s: min cosine %.6f to cpu f32 (floor %g)",
             plan.describe(),

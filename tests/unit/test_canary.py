@@ -283,6 +283,20 @@ def test_a_kept_reference_skips_the_reference_sessions_but_not_the_verdict(
     damaged = Provider()
     load(damaged).shutdown()
     assert damaged.opened.count("cpu f32") == 2
+    kept_vectors = {e: np.load(e) for e in cache.glob("canary-*.npy")}
+    rng = np.random.default_rng(0)
+    for entry, good in kept_vectors.items():  # readable but wrong: never refuses a provider
+        np.save(entry, rng.standard_normal(good.shape).astype(np.float32))
+    poisoned = Provider()
+    plugin = load(poisoned)
+    try:
+        assert plugin.get_backend() is BackendType.CUDA
+        assert min(plugin.get_statistics()["canary"]["min_cosine"].values()) > 0.99999
+    finally:
+        plugin.shutdown()
+    assert poisoned.opened.count("cpu f32") == 2  # fresh references, kept in their place
+    for entry, good in kept_vectors.items():
+        np.testing.assert_allclose(np.load(entry), good, atol=1e-5)
     (model / "visual.onnx").touch()  # another file: another key, another reference
     changed = Provider()
     load(changed).shutdown()
