@@ -138,6 +138,7 @@ def cached_reference(
                 and cached.dtype == np.float32
                 and cached.ndim == 2
                 and len(cached) == len(items)
+                and np.isfinite(cached).all()
             ):
                 return cached
         except (OSError, ValueError, EOFError):  # none yet, or damaged: compute it

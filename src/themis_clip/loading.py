@@ -45,6 +45,7 @@ from themis_clip.runtime import (
     auto_backend,
     available_providers,
     create_session,
+    forget_compiled,
     model_file_key,
     plan_providers,
 )
@@ -168,7 +169,9 @@ def load_model(
     pooler = spec.pooler_is_embedding
     failures: list[str] = []
     refused: list[str] = []
-    for plan in plans:
+    queue = list(plans)
+    while queue:
+        plan = queue.pop(0)
         sessions: list[ORTSession] = []
         try:
             visual_session = session_factory(
@@ -194,6 +197,10 @@ def load_model(
         except BackendUnavailableError as exc:
             for s in sessions:
                 s.close()
+            kept = any(s.optimized_cache == "hit" for s in sessions)
+            if isinstance(exc, CanaryFailedError) and kept and forget_compiled(plan):
+                queue.insert(0, plan)  # once more, compiled afresh: a kept file may be damaged
+                continue
             failures.append(str(exc))
             if isinstance(exc, CanaryFailedError):
                 refused.append(str(exc))
@@ -207,7 +214,8 @@ def load_model(
             log.warning("%s", plan.note)
         break
     else:
-        raise BackendUnavailableError("; ".join(failures) or "no execution provider usable")
+        reasons = dict.fromkeys(failures)  # each reason once (a device missing for every precision)
+        raise BackendUnavailableError("; ".join(reasons) or "no execution provider usable")
     # A precision variant is another embedding space (its vectors differ slightly): its id and
     # digest say so, and an index built with the fp32 variant refuses its int8 twin's vectors.
     identity = ModelIdentity.of_variant(

@@ -69,6 +69,7 @@ __all__ = [
     "available_providers",
     "cpu_flags",
     "create_session",
+    "forget_compiled",
     "model_file_key",
     "openvino_devices",
     "plan_providers",
@@ -571,6 +572,11 @@ def create_session(
     cache_state = "off"
     try:
         session = None
+        if cache is not None and cache.model.is_file() and not cache.intact():
+            log.warning(
+                "optimised-model cache entry %s changed since written; rebuilding", cache.entry
+            )
+            cache.discard()
         if cache is not None and cache.model.is_file():
             try:
                 session = open_session(
@@ -656,21 +662,37 @@ def _openvino_session(
         )
     try:
         config = dict(plan.providers[0][1])
+        kept = _blobs(config)
         try:
             compiled = core.compile_model(str(path), device, config)
         except Exception as exc:
             if "CACHE_DIR" not in config:
                 raise
             # an unwritable cache folder fails OpenVINO's compile: never fail a load for it
-            log.warning("OpenVINO cache %s unusable (%s)", config.pop("CACHE_DIR"), exc)
+            reason = " ".join(str(exc).split())
+            log.warning("OpenVINO cache %s unusable: %s", config.pop("CACHE_DIR"), reason)
             compiled = core.compile_model(str(path), device, config)
+        if kept is None:
+            cache_state = "off"
+        elif "CACHE_DIR" not in config:
+            cache_state = "failed: OpenVINO could not use the cache folder"
+        else:
+            cache_state = "hit" if _blobs(config) == kept else "written"
+        ran = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        if device.startswith("CPU") and ran != plan.precision.value:
+            raise BackendUnavailableError(
+                f"OpenVINO {device} cannot compute in {plan.precision.value}: it would run "
+                f"{ran} (the device offers "
+                f"{', '.join(core.get_property(device, 'OPTIMIZATION_CAPABILITIES'))})"
+            )
         inputs = tuple(_port_info(p) for p in compiled.inputs)
         outputs = tuple(_port_info(p) for p in compiled.outputs)
-    except ModelFormatError:
+    except (ModelFormatError, BackendUnavailableError):
         raise
     except Exception as exc:  # OpenVINO raises RuntimeError subclasses with the reason
         raise BackendUnavailableError(
-            f"OpenVINO cannot compile {name} for {device} ({plan.describe()}): {exc}"
+            f"OpenVINO cannot compile {name} for {device} ({plan.describe()}): "
+            + " ".join(str(exc).split())
         ) from exc
     log.info("loaded %s on OpenVINO %s (%s, %s)", name, device, plan.describe(), mode)
     return ORTSession(
@@ -684,7 +706,32 @@ def _openvino_session(
         providers=(f"OpenVINO {device}",),
         precision=plan.precision,
         run_timeout_s=settings.run_timeout_s,
+        optimized_cache=cache_state,
     )
+
+
+def _blobs(config: Mapping[str, str]) -> frozenset[str] | None:
+    """The compiled models in OpenVINO's cache folder (None: no cache in ``config``)."""
+    folder = config.get("CACHE_DIR")
+    if folder is None:
+        return None
+    try:
+        return frozenset(p.name for p in Path(folder).glob("*.blob"))
+    except OSError:
+        return frozenset()
+
+
+def forget_compiled(plan: ProviderPlan) -> bool:
+    """Empty OpenVINO's cache folder of ``plan`` (True where it held compiled models): a
+    compiled model that fails its canary may be a damaged file, which OpenVINO would load
+    again on every start. Its blobs are named by a hash of the model and settings we cannot
+    compute, so all go; each model is compiled again on its next load."""
+    folder = dict(plan.providers[0][1]).get("CACHE_DIR") if plan.providers else None
+    if plan.backend is not BackendType.OPENVINO or not folder or not _blobs({"CACHE_DIR": folder}):
+        return False
+    log.warning("canary failed on a kept OpenVINO model: emptying %s and compiling again", folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 class _OpenVINOModel:
@@ -801,12 +848,36 @@ class _OptimizedModelCache:
         if not (staging / "model.onnx").is_file():
             self.abandon(staging)
             return "failed: ONNX Runtime wrote no optimised model"
+        try:  # what the files are now (a rename keeps it): any later write shows
+            (staging / "stamp").write_text(self._stamp(staging))
+        except OSError:
+            self.abandon(staging)
+            return "failed: could not write the entry's stamp"
         try:
             os.rename(staging, self.entry)
         except OSError:  # another loader committed first (or the folder vanished)
             self.abandon(staging)
             return "written" if self.model.is_file() else "failed: could not commit the entry"
         return "written"
+
+    def intact(self) -> bool:
+        """Whether the entry's files are as written (size, mtime, inode): an entry changed in
+        place, even to the same size, would load and give other vectors."""
+        try:
+            return (self.entry / "stamp").read_text() == self._stamp(self.entry)
+        except OSError:
+            return False
+
+    @staticmethod
+    def _stamp(folder: Path) -> str:
+        parts = []
+        for name in ("model.onnx", "model.data"):
+            try:
+                st = (folder / name).stat()
+            except FileNotFoundError:
+                continue
+            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+        return "\n".join(parts)
 
     def abandon(self, staging: Path) -> None:
         """Remove a staging folder."""

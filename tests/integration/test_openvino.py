@@ -255,3 +255,61 @@ def test_an_unusable_cache_folder_never_fails_an_openvino_load(tmp_path: Path) -
         assert np.isfinite(plugin.generate_text_embedding("a red circle").embedding).all()
     finally:
         plugin.shutdown()
+
+
+@needs_openvino
+def test_a_damaged_kept_openvino_model_is_compiled_again(tmp_path: Path) -> None:
+    """A compiled model in OpenVINO's cache whose weights were damaged (same size) fails its
+    canary; the load empties the cache, compiles afresh, passes, and keeps the new one."""
+    cache = tmp_path / "cache"
+    config = PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        session=SessionConfig(optimized_model_cache_dir=str(cache)),
+        openvino=OpenVINOConfig(precision=InferencePrecision.F32),
+    )
+
+    def load() -> dict[str, Any]:
+        plugin = OnnxClipPlugin()
+        assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+        try:
+            return plugin.get_statistics()
+        finally:
+            plugin.shutdown()
+
+    assert set(load()["optimized_model_cache"].values()) == {"written"}
+    assert set(load()["optimized_model_cache"].values()) == {"hit"}
+    rng = np.random.default_rng(0)
+    for blob in (cache / "openvino").glob("*.blob"):
+        data = bytearray(blob.read_bytes())
+        for at in range(len(data) // 2, len(data) * 3 // 4, 4096):  # weights, not the header
+            data[at : at + 64] = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+        blob.write_bytes(bytes(data))
+    stats = load()
+    assert stats["backend"] == "openvino"
+    assert min(stats["canary"]["min_cosine"].values()) >= 0.9999
+    assert stats["canary"]["refused"] == []
+    assert set(stats["optimized_model_cache"].values()) == {"written"}
+    assert set(load()["optimized_model_cache"].values()) == {"hit"}
+
+
+@needs_openvino
+def test_a_precision_the_cpu_lacks_is_refused_not_misreported() -> None:
+    """Asked for f16, OpenVINO's CPU plugin silently computes bf16 where the CPU has no f16
+    arithmetic: that is refused with the reason, never reported as f16."""
+    import openvino
+
+    offers = openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    config = PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        openvino=OpenVINOConfig(precision=InferencePrecision.F16),
+    )
+    plugin = OnnxClipPlugin()
+    try:
+        if "FP16" in offers:
+            assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+            assert plugin.get_statistics()["precision"] == "f16"
+        else:
+            assert not plugin.initialize(config, BackendType.OPENVINO)
+            assert "cannot compute in f16" in (plugin.last_error or "")
+    finally:
+        plugin.shutdown()

@@ -143,7 +143,7 @@ def test_a_damaged_cache_entry_is_rebuilt(
         (entry / "model.onnx").write_bytes(b"garbage, not a protobuf")
     with caplog.at_level(logging.WARNING, logger="themis_clip.runtime"):
         p = load(tiny_model_dir, optimized_model_cache_dir=str(cache))
-    assert "unusable" in caplog.text
+    assert "rebuilding" in caplog.text
     assert set(p.get_statistics()["optimized_model_cache"].values()) == {"written"}
     assert embed(p) == plain
     assert set(
@@ -181,3 +181,24 @@ def test_cache_is_not_used_with_memory_mapped_loading(tiny_model_dir: Path, tmp_
     assert stats["loading_mode"] == "mmap", stats["loading_note"]
     assert set(stats["optimized_model_cache"].values()) == {"off"}
     assert not (tmp_path / "cache").exists()
+
+
+def test_an_entry_changed_in_place_to_the_same_size_is_rebuilt(
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Weights overwritten in place load fine and give other vectors: the entry's stamp (size,
+    mtime, inode of its files as written) tells, and the entry is rebuilt."""
+    cache = tmp_path / "cache"
+    plain = embed(load(tiny_model_dir))
+    load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+    for entry in cache.iterdir():
+        weights = entry / "model.data" if (entry / "model.data").is_file() else entry / "model.onnx"
+        data = bytearray(weights.read_bytes())
+        middle = len(data) // 2
+        data[middle : middle + 64] = bytes(64)  # the same size, other weights
+        weights.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="themis_clip.runtime"):
+        p = load(tiny_model_dir, optimized_model_cache_dir=str(cache))
+    assert "changed since written" in caplog.text
+    assert set(p.get_statistics()["optimized_model_cache"].values()) == {"written"}
+    assert embed(p) == plain
