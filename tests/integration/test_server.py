@@ -678,3 +678,47 @@ def test_migrating_an_empty_postgresql_index_is_refused_with_a_clear_error(
         r = client.post("/admin/migrate", json={"path": "b"}, headers=admin)
         assert "holds no items yet" in error(r, 422, "ValidationError")
         assert client.get("/admin/migrate", headers=admin).json() == {"state": "idle"}
+
+
+def test_a_mixed_request_straddling_a_swap_is_embedded_again_on_the_new_model(
+    model_root: Path, tmp_path: Path
+) -> None:
+    """Images and texts go through their own batchers: a swap to another model between the two
+    must not mix models in one answer, nor fail the request (docs/operations.md)."""
+
+    async def scenario() -> None:
+        app = create_app(settings(model_root, tmp_path, warmup=False))
+        async with app.router.lifespan_context(app):
+            state = app.state.themis
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t"
+            ) as c:
+                embed_images = state.embed_images
+                swapped = []
+
+                async def then_swap(raw: list[bytes]) -> Any:
+                    out = await embed_images(raw)
+                    if not swapped:  # once: the texts then meet the new model
+                        reload = await c.post(
+                            "/admin/reload",
+                            json={"path": "b"},
+                            headers={"Authorization": f"Bearer {TOKEN}"},
+                        )
+                        assert reload.status_code == 200, reload.text
+                        swapped.append(reload.json())
+                    return out
+
+                state.embed_images = then_swap
+                body = {"input": ["a dog", data_url(png(1)), "a cat"]}
+                r = await c.post("/v1/embeddings", json=body)
+                assert r.status_code == 200, r.text
+                assert swapped, "the swap happened inside the request"
+                models = (await c.get("/v1/models")).json()["data"]
+                assert r.json()["model"] == models[0]["id"]  # all from the new model
+                assert models[0]["id"].startswith("tiny-b@")
+                again = await c.post("/v1/embeddings", json=body)  # no swap: the same vectors
+                assert [d["embedding"] for d in again.json()["data"]] == [
+                    d["embedding"] for d in r.json()["data"]
+                ]
+
+    asyncio.run(scenario())

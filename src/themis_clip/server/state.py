@@ -222,12 +222,13 @@ class AppState:
             One successful result per part, all from one model.
 
         Raises:
-            APIError: a part that cannot be embedded (named ``where[i]``), a hot swap during
-                the request (503), or a text over the context with ``truncate`` off (422).
+            APIError: a part that cannot be embedded (named ``where[i]``), three hot swaps
+                during the request (503; after one, it is embedded again on the new model),
+                or a text over the context with ``truncate`` off (422).
         """
         image_at = [i for i, p in enumerate(parts) if p.image is not None]
         text_at = [i for i, p in enumerate(parts) if p.image is None]
-        results: list[EmbeddingResult | None] = [None] * len(parts)
+        raw: list[bytes] = []
         if image_at:
             given = [parts[i].image for i in image_at]
             encoded = [(k, v) for k, v in enumerate(given) if isinstance(v, str)]
@@ -235,16 +236,23 @@ class AppState:
             for (k, _), data in zip(encoded, decoded, strict=True):
                 given[k] = data
             raw = [v for v in given if isinstance(v, bytes)]
-            for i, r in zip(image_at, await self.embed_images(raw), strict=True):
-                results[i] = r
-        if text_at:
-            texts = [parts[i].text or "" for i in text_at]
-            for i, r in zip(text_at, await self.embed_texts(texts, language), strict=True):
-                results[i] = r
-        done = [r for r in results if r is not None]
-        for i, r in enumerate(done):
-            raise_for(r, f"{where}[{i}]")
-        if len({r.model_id for r in done}) > 1:
+        texts = [parts[i].text or "" for i in text_at]
+        # Images and texts go through their own batchers: a hot swap between the two leaves
+        # them from two models. The request is then embedded again, on the new model.
+        for _ in range(3):
+            results: list[EmbeddingResult | None] = [None] * len(parts)
+            if image_at:
+                for i, r in zip(image_at, await self.embed_images(raw), strict=True):
+                    results[i] = r
+            if text_at:
+                for i, r in zip(text_at, await self.embed_texts(texts, language), strict=True):
+                    results[i] = r
+            done = [r for r in results if r is not None]
+            for i, r in enumerate(done):
+                raise_for(r, f"{where}[{i}]")
+            if len({r.model_id for r in done}) <= 1:
+                break
+        else:  # three swaps within one request
             raise APIError(
                 503,
                 "ModelSwapped",
