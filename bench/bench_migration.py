@@ -18,8 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from serving import serve
 
 from themis_clip import ModelConfig, PluginConfig, demo_model_path
 from themis_clip.collection import Collection
@@ -35,31 +34,6 @@ from themis_clip.demo.scenes import write_gallery
 TOKEN = "bench-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 TEXTS = ["a red circle", "a small blue square", "a green triangle at the top", "a yellow star"]
-
-
-def serve(models: Path, index: Path | str) -> tuple[subprocess.Popen[str], str]:
-    exe = str(Path(sys.executable).parent / "themis-clip")
-    args = ["serve", "--port", "0", "--model", str(models / "demo"), "--model-root", str(models)]
-    proc = subprocess.Popen(
-        [exe, *args, "--index", str(index)],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "THEMIS_ADMIN_TOKEN": TOKEN},
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "listening on " in line:
-            base = line.split("listening on ", 1)[1].strip()
-            break
-    else:
-        raise SystemExit("the server did not start")
-    threading.Thread(target=lambda: [None for _ in proc.stderr or []], daemon=True).start()
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{base}/readyz").status_code != 200:
-        assert time.monotonic() < deadline, "never ready"
-        time.sleep(0.1)
-    return proc, base
 
 
 def window(events: list[tuple[float, float, bool]], start: float, end: float) -> dict[str, float]:
@@ -92,7 +66,10 @@ def main() -> None:
         config = PluginConfig(model=ModelConfig(path=str(models / "demo")))
         with Collection.open(index, config) as collection:
             collection.index_folder(work / "photos")
-        proc, base = serve(models, index)
+        proc, base = serve(
+            ["--model", str(models / "demo"), "--model-root", str(models), "--index", str(index)],
+            {"THEMIS_ADMIN_TOKEN": TOKEN},
+        )
         events: list[tuple[float, float, bool]] = []
         stop = threading.Event()
 

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embedding_data import clustered_rows
+from serving import serve
 
 from themis_clip import OnnxClipPlugin, PluginConfig
 from themis_clip.index.search import VectorIndex
@@ -88,31 +87,6 @@ def build(location: Path, plugin: OnnxClipPlugin, n: int) -> dict[str, float]:
     return {"rows_s": round(loaded, 1), "graph_s": round(graph, 1)}
 
 
-def serve(model: Path, index: Path, backend: str) -> tuple[subprocess.Popen[str], str]:
-    exe = str(Path(sys.executable).parent / "themis-clip")
-    args = ["serve", "--port", "0", "--model", str(model), "--index", str(index)]
-    proc = subprocess.Popen(
-        [exe, *args, "--backend", backend],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "THEMIS_ADMIN_TOKEN": "bench-token"},
-    )
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if "listening on " in line:
-            base = line.split("listening on ", 1)[1].strip()
-            break
-    else:
-        raise SystemExit("the server did not start")
-    threading.Thread(target=lambda: [None for _ in proc.stderr or []], daemon=True).start()
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{base}/readyz").status_code != 200:
-        assert time.monotonic() < deadline, "never ready"
-        time.sleep(0.1)
-    return proc, base
-
-
 def measure(model: Path, index: Path, backend: str, queries: list[str]) -> dict[str, object]:
     config = PluginConfig.from_dict({"model": {"path": str(model)}, "backend": backend})
     plugin = OnnxClipPlugin()
@@ -140,7 +114,10 @@ def measure(model: Path, index: Path, backend: str, queries: list[str]) -> dict[
             out["search_mode"] = str(vi.mode)
     finally:
         plugin.shutdown()
-    proc, base = serve(model, index, backend)
+    proc, base = serve(
+        ["--model", str(model), "--index", str(index), "--backend", backend],
+        {"THEMIS_ADMIN_TOKEN": "bench-token"},
+    )
     try:
         with httpx.Client(base_url=base, timeout=30) as client:
             client.post("/search", json={"text": "warm up", "k": 10}).raise_for_status()

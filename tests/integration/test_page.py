@@ -38,8 +38,11 @@ def test_typing_a_query_shows_result_thumbnails(tmp_path: Path) -> None:
         browser.navigate(base + "/")
         browser.type_text("#q", "a red circle")
         browser.press_enter()
-        # The page opens on the library (browse), 12 thumbnails already: wait for the search's.
-        browser.wait_for("document.getElementById('status').textContent.includes('“a red circle”')")
+        # The page opens on the library (browse), 12 thumbnails already: wait for the search's
+        # answer ("Searching “a red circle”…" is shown while it runs: not yet).
+        browser.wait_for(
+            "/match(es)? for “a red circle”/.test(document.getElementById('status').textContent)"
+        )
         count = browser.wait_for("document.querySelectorAll('img.thumb').length")
         assert 1 <= count < 12  # the matches: where relevance ends, the page cuts
         # Every thumbnail really loaded from the server (decoded, non-empty).
