@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_openvino import cpu_lines
 from embedding_data import clustered_rows
 from serving import serve
 
@@ -54,11 +54,6 @@ def quantiles(ms: list[float]) -> dict[str, float]:
         "p50_ms": round(statistics.median(ms), 2),
         "p95_ms": round(float(np.percentile(ms, 95)), 2),
     }
-
-
-def cpu_lines() -> list[str]:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    return [line for line in out.splitlines() if line.startswith(("Model name", "Flags"))]
 
 
 def build(location: Path, plugin: OnnxClipPlugin, n: int) -> dict[str, float]:

@@ -92,6 +92,11 @@ def test_info_and_health(tiny_model_dir: Path) -> None:
     health = run("health", "--model", str(tiny_model_dir), "--openvino-precision", "f32")
     assert health.returncode == 0 and json.loads(health.stdout)["healthy"] is True
     assert json.loads(health.stdout)["precision"] == "f32"
+    ignored = run(
+        "info", "--model", str(tiny_model_dir), "--backend", "cpu", "--openvino-precision", "bf16"
+    )
+    assert ignored.returncode != 0 and "openvino.precision" in ignored.stderr
+    assert "the cpu backend does not use" in ignored.stderr
     refused = run("info", "--model", str(tiny_model_dir), "--backend", "openvino")
     if "OpenVINOExecutionProvider" not in available_providers():  # no OpenVINO: a clear error
         assert refused.returncode != 0
