@@ -46,6 +46,7 @@ from themis_clip.runtime import (
     available_providers,
     create_session,
     forget_compiled,
+    kept_folder,
     model_file_key,
     plan_providers,
 )
@@ -140,14 +141,17 @@ def load_model(
             finally:
                 ref_session.close()
 
-        folder = settings.optimized_cache_dir
-        if folder:
+        folder = None
+        if settings.optimized_cache_dir:
+            try:
+                folder = kept_folder(Path(settings.optimized_cache_dir), "canary", path)
+            except OSError as exc:
+                log.warning("canary references not kept: %s", exc)
+        if folder is not None:
             key = model_file_key(path, "canary")
-            result = probe(
-                tower, cached_reference(Path(folder), key, embed_alone), floor, preprocessor
-            )
+            result = probe(tower, cached_reference(folder, key, embed_alone), floor, preprocessor)
             if not result.passed:  # never refuse a provider on a kept reference: a fresh one
-                fresh = cached_reference(Path(folder), key, embed_alone, refresh=True)
+                fresh = cached_reference(folder, key, embed_alone, refresh=True)
                 result = probe(tower, fresh, floor, preprocessor)
         else:
             result = probe(tower, embed_alone, floor, preprocessor)
@@ -162,7 +166,8 @@ def load_model(
             raise CanaryFailedError(
                 f"{plan.describe()} refused by the canary: {result.tower} tower's min cosine "
                 f"to cpu f32 is {result.min_cosine:.6f}, below canary_min_cosine "
-                f"{result.floor:g}"
+                f"{result.floor:g}",
+                kept=path if tower.session.optimized_cache == "hit" else None,
             )
         return result.min_cosine
 
@@ -197,8 +202,11 @@ def load_model(
         except BackendUnavailableError as exc:
             for s in sessions:
                 s.close()
-            kept = any(s.optimized_cache == "hit" for s in sessions)
-            if isinstance(exc, CanaryFailedError) and kept and forget_compiled(plan):
+            if (
+                isinstance(exc, CanaryFailedError)
+                and exc.kept
+                and forget_compiled(plan, [exc.kept])
+            ):
                 queue.insert(0, plan)  # once more, compiled afresh: a kept file may be damaged
                 continue
             failures.append(str(exc))
@@ -246,7 +254,13 @@ def load_model(
 
 
 class CanaryFailedError(BackendUnavailableError):
-    """A provider's embeddings are too far from CPU fp32's (AUTO moves on; explicit fails)."""
+    """A provider's embeddings are too far from CPU fp32's (AUTO moves on; explicit fails).
+
+    ``kept``: the session came from the start-up cache (a kept file may be damaged)."""
+
+    def __init__(self, message: str, *, kept: Path | None = None) -> None:
+        super().__init__(message)
+        self.kept = kept
 
 
 def _textual_opener(

@@ -28,9 +28,11 @@ live in :mod:`themis_clip.export.precision`, outside the core.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import itertools
+import json
 import logging
 import os
 import platform
@@ -48,6 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import themis_clip.jsonio as jsonio
 from themis_clip.errors import (
     BackendUnavailableError,
     ConfigError,
@@ -70,9 +73,11 @@ __all__ = [
     "cpu_flags",
     "create_session",
     "forget_compiled",
+    "kept_folder",
     "model_file_key",
     "openvino_devices",
     "plan_providers",
+    "prune_kept",
     "supported_backends",
 ]
 
@@ -583,6 +588,9 @@ def create_session(
                     cache.model, _session_options(ort, settings, plan, cached=True)
                 )
                 cache_state = "hit"
+                if not (cache.entry / _SOURCE).is_file():  # kept by an earlier release
+                    with contextlib.suppress(OSError):
+                        (cache.entry / _SOURCE).write_text(_source(path))
             except Exception as exc:  # a damaged or foreign entry: rebuild it
                 log.warning(
                     "optimised-model cache entry %s unusable (%s); rebuilding", cache.entry, exc
@@ -604,6 +612,7 @@ def create_session(
             else:
                 if cache is not None and staging is not None:
                     cache_state = cache.commit(staging)
+                    prune_kept(cache.root)
     except Exception as exc:  # InvalidProtobuf, InvalidGraph, Fail, ... (pybind11 types)
         if plan.backend is not BackendType.CPU and "Provider" in str(exc):
             raise BackendUnavailableError(f"{names[0]} failed to initialise: {exc}") from exc
@@ -662,6 +671,12 @@ def _openvino_session(
         )
     try:
         config = dict(plan.providers[0][1])
+        if "CACHE_DIR" in config:  # each model's compiled models in a folder of their own
+            root = Path(config["CACHE_DIR"]).parent
+            try:
+                config["CACHE_DIR"] = str(kept_folder(root, "openvino", path))
+            except OSError as exc:
+                log.warning("OpenVINO cache %s unusable: %s", config.pop("CACHE_DIR"), exc)
         kept = _blobs(config)
         try:
             compiled = core.compile_model(str(path), device, config)
@@ -673,11 +688,13 @@ def _openvino_session(
             log.warning("OpenVINO cache %s unusable: %s", config.pop("CACHE_DIR"), reason)
             compiled = core.compile_model(str(path), device, config)
         if kept is None:
-            cache_state = "off"
+            cache_state = "off" if settings.optimized_cache_dir is None else "failed: unwritable"
         elif "CACHE_DIR" not in config:
             cache_state = "failed: OpenVINO could not use the cache folder"
         else:
             cache_state = "hit" if _blobs(config) == kept else "written"
+            if cache_state == "written":
+                prune_kept(root)
         # OpenVINO's CPU plugin quietly computes a precision it lacks (f16) in another (bf16)
         ran = (
             compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
@@ -726,17 +743,19 @@ def _blobs(config: Mapping[str, str]) -> frozenset[str] | None:
         return frozenset()
 
 
-def forget_compiled(plan: ProviderPlan) -> bool:
-    """Empty OpenVINO's cache folder of ``plan`` (True where it held compiled models): a
-    compiled model that fails its canary may be a damaged file, which OpenVINO would load
-    again on every start. Its blobs are named by a hash of the model and settings we cannot
-    compute, so all go; each model is compiled again on its next load."""
-    folder = dict(plan.providers[0][1]).get("CACHE_DIR") if plan.providers else None
-    if plan.backend is not BackendType.OPENVINO or not folder or not _blobs({"CACHE_DIR": folder}):
+def forget_compiled(plan: ProviderPlan, models: Sequence[Path]) -> bool:
+    """Remove what OpenVINO compiled from ``models`` under ``plan`` (True where there was
+    some): a compiled model that fails its canary may be a damaged file, which OpenVINO would
+    load again on every start; each is compiled again on its next load."""
+    root = dict(plan.providers[0][1]).get("CACHE_DIR") if plan.providers else None
+    if plan.backend is not BackendType.OPENVINO or not root:
         return False
-    log.warning("canary failed on a kept OpenVINO model: emptying %s and compiling again", folder)
-    shutil.rmtree(folder, ignore_errors=True)
-    return True
+    folders = [Path(root) / model_file_key(m, "openvino") for m in models]
+    folders = [f for f in folders if any(f.glob("*.blob"))]
+    for folder in folders:
+        log.warning("canary failed on a kept OpenVINO model: emptying %s to compile again", folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    return bool(folders)
 
 
 class _OpenVINOModel:
@@ -828,6 +847,7 @@ class _OptimizedModelCache:
 
     def __init__(self, root: Path, model: Path, settings: SessionSettings) -> None:
         self.root = root
+        self.source = model
         self.entry = root / model_file_key(model, settings.optimization_level)
         self.model = self.entry / "model.onnx"
 
@@ -855,6 +875,7 @@ class _OptimizedModelCache:
             return "failed: ONNX Runtime wrote no optimised model"
         try:  # what the files are now (a rename keeps it): any later write shows
             (staging / "stamp").write_text(self._stamp(staging))
+            (staging / _SOURCE).write_text(_source(self.source))
         except OSError:
             self.abandon(staging)
             return "failed: could not write the entry's stamp"
@@ -904,13 +925,87 @@ def model_file_key(model: Path, *parts: str) -> str:
     for part in (ort.__version__, platform.machine(), _cpu_flags(), *parts):
         h.update(part.encode() + b"\0")
     h.update(str(model.resolve()).encode() + b"\0")
+    h.update(_files_stamp(model).encode())
+    return h.hexdigest()[:32]
+
+
+def _files_stamp(model: Path) -> str:
+    """Name, size, mtime and inode of ``model`` and of its siblings named after it (its
+    external data): any change to the files changes it."""
     siblings = sorted(
         p for p in model.parent.iterdir() if p.name.startswith((model.name, model.stem + "."))
     )
+    out = []
     for p in siblings:
         st = p.stat()
-        h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}\0".encode())
-    return h.hexdigest()[:32]
+        out.append(f"{p.name}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}\0")
+    return "".join(out)
+
+
+_SOURCE = "source.json"  # in each kept entry: the model it was made from, and its files' stamp
+
+
+def _source(model: Path) -> str:
+    return json.dumps({"model": str(model.resolve()), "files": _files_stamp(model)})
+
+
+def kept_folder(root: Path, kind: str, model: Path) -> Path:
+    """``root/kind/<key>``, a folder for what is kept about ``model`` (OpenVINO's compiled
+    models, the canary's references), made whole with its ``source.json`` so that
+    :func:`prune_kept` can tell when the model has changed or gone. Raises ``OSError``."""
+    folder = root / kind / model_file_key(model, kind)
+    if not folder.is_dir():
+        staging = root / kind / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        (staging / _SOURCE).write_text(_source(model))
+        try:
+            os.rename(staging, folder)
+        except OSError:  # another loader made it first
+            shutil.rmtree(staging, ignore_errors=True)
+            if not folder.is_dir():
+                raise
+    return folder
+
+
+#: a staging folder this old was left by a loader that died
+_STALE_STAGING_S = 24 * 3600
+
+
+def prune_kept(root: Path) -> list[Path]:
+    """Remove from the start-up cache ``root`` the entries of models whose files have changed
+    or are gone (no later load can use them: a changed file gets another key), and staging
+    folders a crashed loader left. Entries of models still on disk stay, whatever runtime or
+    CPU wrote them (a cache shared between machines or environments does not thrash).
+    Returns what was removed."""
+    removed = []
+    now = time.time()
+    for base in (root, root / "openvino", root / "canary"):
+        try:
+            entries = list(base.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.name.startswith(".staging-"):
+                    stale = now - entry.stat().st_mtime > _STALE_STAGING_S
+                elif base.name == "openvino" and entry.suffix == ".blob":
+                    stale = True  # an earlier release's layout: one folder for all models
+                elif entry.is_dir() and (entry / _SOURCE).is_file():
+                    source = jsonio.read(entry / _SOURCE)
+                    model = Path(source["model"])
+                    stale = not model.is_file() or _files_stamp(model) != source["files"]
+                else:
+                    continue  # ours to keep, or not ours
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if stale:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    if removed:
+        log.info(
+            "start-up cache %s: removed %d entries of changed or deleted models", root, len(removed)
+        )
+    return removed
 
 
 def _cpu_flags() -> str:

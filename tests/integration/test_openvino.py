@@ -10,6 +10,7 @@ canary and the checks here; the kernels themselves are the CPU's.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,9 +240,50 @@ def test_openvino_keeps_its_compiled_model_and_the_canary_reference(tmp_path: Pa
             vectors.append(plugin.generate_text_embedding("a red circle").embedding)
         finally:
             plugin.shutdown()
-        assert [p.suffix for p in (cache / "openvino").iterdir()].count(".blob") == 2
-        assert len(list(cache.glob("canary-*.npy"))) == 2
+        assert len(list(cache.glob("openvino/*/*.blob"))) == 2  # one folder a tower
+        assert len(list(cache.glob("canary/*/canary-*.npy"))) == 2
     assert float(np.dot(vectors[0], vectors[1])) >= 0.99999
+
+
+@needs_openvino
+def test_a_changed_model_leaves_no_compiled_model_behind(tmp_path: Path) -> None:
+    """Each model's compiled models and canary references are kept in a folder of their own,
+    keyed by its files; when a file changes, the next load compiles it again and removes
+    what was kept for the old one (the cache does not grow with every new version)."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_path(), model)
+    cache = tmp_path / "cache"
+    config = PluginConfig(
+        model=ModelConfig(path=str(model)),
+        session=SessionConfig(optimized_model_cache_dir=str(cache)),
+        openvino=OpenVINOConfig(precision=InferencePrecision.F32),
+    )
+
+    def load() -> dict[str, str]:
+        plugin = OnnxClipPlugin()
+        assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+        try:
+            return dict(plugin.get_statistics()["optimized_model_cache"])
+        finally:
+            plugin.shutdown()
+
+    def kept() -> dict[str, list[str]]:
+        return {
+            kind: sorted(f.name for f in (cache / kind).iterdir() if not f.name.startswith("."))
+            for kind in ("openvino", "canary")
+        }
+
+    assert set(load().values()) == {"written"}
+    before = kept()
+    assert [len(v) for v in before.values()] == [2, 2]  # a folder a tower, each
+    data = (model / "visual.onnx").read_bytes()
+    (model / "visual.onnx").unlink()
+    (model / "visual.onnx").write_bytes(data)  # the same bytes, another file
+    assert load() == {"visual": "written", "textual": "hit"}
+    after = kept()
+    for kind in ("openvino", "canary"):
+        assert len(after[kind]) == 2
+        assert len(set(before[kind]) & set(after[kind])) == 1  # textual's stays, visual's went
 
 
 @needs_openvino
@@ -284,16 +326,21 @@ def test_a_damaged_kept_openvino_model_is_compiled_again(tmp_path: Path) -> None
     assert set(load()["optimized_model_cache"].values()) == {"written"}
     assert set(load()["optimized_model_cache"].values()) == {"hit"}
     rng = np.random.default_rng(0)
-    for blob in (cache / "openvino").glob("*.blob"):
+    damaged = set()
+    for blob in cache.glob("openvino/*/*.blob"):
         data = bytearray(blob.read_bytes())
         for at in range(len(data) // 2, len(data) * 3 // 4, 4096):  # weights, not the header
             data[at : at + 64] = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
         blob.write_bytes(bytes(data))
+        damaged.add(bytes(data))
     stats = load()
     assert stats["backend"] == "openvino"
     assert min(stats["canary"]["min_cosine"].values()) >= 0.9999
     assert stats["canary"]["refused"] == []
-    assert set(stats["optimized_model_cache"].values()) == {"written"}
+    # each tower failed on its damaged file, which was removed and compiled again (the second
+    # tower's retry finds the first one's fresh file: "hit")
+    blobs = list(cache.glob("openvino/*/*.blob"))
+    assert len(blobs) == 2 and not damaged & {b.read_bytes() for b in blobs}
     assert set(load()["optimized_model_cache"].values()) == {"hit"}
 
 

@@ -268,7 +268,7 @@ def test_a_kept_reference_skips_the_reference_sessions_but_not_the_verdict(
     try:
         assert first.opened.count("cpu f32") == 2  # a reference session per tower
         assert again.opened == ["cuda f32", "cuda f32"]  # none: the references were kept
-        assert len(list(cache.glob("canary-*.npy"))) == 2
+        assert len(list(cache.glob("canary/*/canary-*.npy"))) == 2
         cos_a, cos_b = (p.get_statistics()["canary"]["min_cosine"] for p in (a, b))
         assert set(cos_b) == {"visual", "textual"}
         assert cos_a == pytest.approx(cos_b, abs=1e-6)
@@ -278,12 +278,12 @@ def test_a_kept_reference_skips_the_reference_sessions_but_not_the_verdict(
     broken = start(model, [CUDA, CPU], Provider({None: same_vector}), BackendType.CUDA, **kept)
     assert not broken.is_ready()
     assert "refused by the canary" in (broken.last_error or "")
-    for entry in cache.glob("canary-*.npy"):  # damaged entries are computed again
+    for entry in cache.glob("canary/*/canary-*.npy"):  # damaged entries are computed again
         entry.write_bytes(b"\x93NUMPY garbage")
     damaged = Provider()
     load(damaged).shutdown()
     assert damaged.opened.count("cpu f32") == 2
-    kept_vectors = {e: np.load(e) for e in cache.glob("canary-*.npy")}
+    kept_vectors = {e: np.load(e) for e in cache.glob("canary/*/canary-*.npy")}
     rng = np.random.default_rng(0)
     for entry, good in kept_vectors.items():  # readable but wrong: never refuses a provider
         np.save(entry, rng.standard_normal(good.shape).astype(np.float32))

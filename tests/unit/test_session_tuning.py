@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,11 +129,51 @@ def test_cache_key_follows_the_model_files(tiny_model_dir: Path, tmp_path: Path)
         "optimized_model_cache"
     ]
     assert states == {"visual": "written", "textual": "hit"}
+    assert len(list(cache.iterdir())) == 2  # the old file's entry went: no load can use it
     # Another optimisation level is another entry.
     states = load(
         model, optimized_model_cache_dir=str(cache), optimization_level="basic"
     ).get_statistics()["optimized_model_cache"]
     assert states == {"visual": "written", "textual": "written"}
+
+
+def test_the_cache_forgets_models_that_changed_or_went(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """When an entry is written, the entries of models whose files are gone go; an entry of a
+    model still on disk stays, whatever runtime or CPU wrote it (a cache shared between
+    environments or machines must not thrash); a staging folder a crashed loader left a day
+    ago goes, a fresh one (a loader writing now) stays."""
+    cache = tmp_path / "cache"
+    gone, kept, other = (tmp_path / name for name in ("gone", "kept", "other"))
+    for model in (gone, kept, other):
+        shutil.copytree(tiny_model_dir, model)
+    load(gone, optimized_model_cache_dir=str(cache))
+    load(kept, optimized_model_cache_dir=str(cache))
+
+    def owners() -> list[str]:
+        return sorted(
+            Path(json.loads((e / "source.json").read_text())["model"]).parent.name
+            for e in cache.iterdir()
+            if not e.name.startswith(".")
+        )
+
+    assert owners() == ["gone", "gone", "kept", "kept"]
+    kept_entry = next(e for e in cache.iterdir() if "kept" in (e / "source.json").read_text())
+    shutil.copytree(kept_entry, cache / ("f" * 32))  # another runtime's entry for kept's files
+    crashed, writing = cache / ".staging-crashed", cache / ".staging-writing"
+    crashed.mkdir()
+    writing.mkdir()
+    day_ago = time.time() - 25 * 3600
+    os.utime(crashed, (day_ago, day_ago))
+    shutil.rmtree(gone)
+    load(kept, optimized_model_cache_dir=str(cache))  # all hits: nothing written, nothing pruned
+    assert owners() == ["gone", "gone", "kept", "kept", "kept"]
+    load(other, optimized_model_cache_dir=str(cache))
+    assert owners() == ["kept", "kept", "kept", "other", "other"]
+    assert writing.is_dir() and not crashed.exists()
+    states = load(kept, optimized_model_cache_dir=str(cache)).get_statistics()
+    assert set(states["optimized_model_cache"].values()) == {"hit"}
 
 
 def test_a_damaged_cache_entry_is_rebuilt(
