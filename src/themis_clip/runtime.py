@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import sys
 import threading
@@ -969,6 +970,7 @@ def kept_folder(root: Path, kind: str, model: Path) -> Path:
 
 #: a staging folder this old was left by a loader that died
 _STALE_STAGING_S = 24 * 3600
+_STAGING = re.compile(r"\.staging-[0-9a-f]{32}")  # ours only: never another program's file
 
 
 def prune_kept(root: Path) -> list[Path]:
@@ -986,7 +988,7 @@ def prune_kept(root: Path) -> list[Path]:
             continue
         for entry in entries:
             try:
-                if entry.name.startswith(".staging-"):
+                if _STAGING.fullmatch(entry.name):
                     stale = now - entry.stat().st_mtime > _STALE_STAGING_S
                 elif base.name == "openvino" and entry.suffix == ".blob":
                     stale = True  # an earlier release's layout: one folder for all models

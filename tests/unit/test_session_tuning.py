@@ -161,17 +161,19 @@ def test_the_cache_forgets_models_that_changed_or_went(
     assert owners() == ["gone", "gone", "kept", "kept"]
     kept_entry = next(e for e in cache.iterdir() if "kept" in (e / "source.json").read_text())
     shutil.copytree(kept_entry, cache / ("f" * 32))  # another runtime's entry for kept's files
-    crashed, writing = cache / ".staging-crashed", cache / ".staging-writing"
-    crashed.mkdir()
-    writing.mkdir()
+    crashed, writing = cache / f".staging-{'a' * 32}", cache / f".staging-{'b' * 32}"
+    foreign_staging = cache / ".staging-notes"  # not a name of ours: never touched
+    for folder in (crashed, writing, foreign_staging):
+        folder.mkdir()
     day_ago = time.time() - 25 * 3600
     os.utime(crashed, (day_ago, day_ago))
+    os.utime(foreign_staging, (day_ago, day_ago))
     shutil.rmtree(gone)
     load(kept, optimized_model_cache_dir=str(cache))  # all hits: nothing written, nothing pruned
     assert owners() == ["gone", "gone", "kept", "kept", "kept"]
     load(other, optimized_model_cache_dir=str(cache))
     assert owners() == ["kept", "kept", "kept", "other", "other"]
-    assert writing.is_dir() and not crashed.exists()
+    assert writing.is_dir() and foreign_staging.is_dir() and not crashed.exists()
     states = load(kept, optimized_model_cache_dir=str(cache)).get_statistics()
     assert set(states["optimized_model_cache"].values()) == {"hit"}
 
