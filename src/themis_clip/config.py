@@ -394,16 +394,6 @@ class PluginConfig:
             )
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise ConfigError("must be a finite number >= 0", key="drain_timeout_s")
-        if self.openvino.precision is not InferencePrecision.AUTO and self.backend not in (
-            BackendType.AUTO,
-            BackendType.OPENVINO,
-        ):
-            # Said rather than ignored: the user asked for an arithmetic this backend never runs.
-            raise ConfigError(
-                f"forces OpenVINO's precision ({self.openvino.precision}), which the "
-                f"{self.backend} backend does not use: pick backend openvino or auto",
-                key="openvino.precision",
-            )
 
     # -- parsing -----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import (
     BackendUnavailableError,
+    ConfigError,
     ModelError,
     ModelFormatError,
     ModelMismatchError,
@@ -39,6 +40,7 @@ from themis_clip.ocr import OCREngine
 from themis_clip.preprocess.image import ImagePreprocessor
 from themis_clip.preprocess.text import make_tokenizer
 from themis_clip.runtime import (
+    BACKEND_ENV,
     ORTSession,
     ProviderPlan,
     SessionSettings,
@@ -50,7 +52,7 @@ from themis_clip.runtime import (
     model_file_key,
     plan_providers,
 )
-from themis_clip.vocabulary import Layout, LoadingMode, ModelIdentity
+from themis_clip.vocabulary import InferencePrecision, Layout, LoadingMode, ModelIdentity
 
 __all__ = [
     "CanaryFailedError",
@@ -88,8 +90,22 @@ def load_model(
     expected = mc.expected_sha256 if mc.expected_sha256 is not None else local.digests or None
     digest = model_identity_digest(spec, expected, hash_fn)
     settings = session_settings(config)
-    if backend is BackendType.AUTO:
+    pinned = backend is BackendType.AUTO
+    if pinned:
         backend = auto_backend()
+    forced = config.openvino.precision
+    if forced is not InferencePrecision.AUTO and backend not in (
+        BackendType.AUTO,
+        BackendType.OPENVINO,
+    ):
+        # Said, never ignored: an arithmetic was asked for that this backend never runs.
+        why = (
+            f"openvino.precision forces OpenVINO's precision ({forced}), which the {backend} "
+            "backend does not use"
+        )
+        if not pinned:
+            raise ConfigError(f"{why}: pick backend openvino or auto")
+        log.warning("%s (%s=%s pins what auto means)", why, BACKEND_ENV, backend)
     plans = plan_providers(
         backend,
         # an explicit CPU needs no probe (listing OpenVINO's devices loads its plugin)

@@ -733,15 +733,18 @@ def _openvino_session(
     )
 
 
-def _blobs(config: Mapping[str, str]) -> frozenset[str] | None:
-    """The compiled models in OpenVINO's cache folder (None: no cache in ``config``)."""
+def _blobs(config: Mapping[str, str]) -> frozenset[tuple[str, int, int]] | None:
+    """The compiled models in OpenVINO's cache folder, with their size and mtime (None: no
+    cache in ``config``): OpenVINO rewrites a damaged one under the same name."""
     folder = config.get("CACHE_DIR")
     if folder is None:
         return None
-    try:
-        return frozenset(p.name for p in Path(folder).glob("*.blob"))
-    except OSError:
-        return frozenset()
+    out = set()
+    for p in Path(folder).glob("*.blob"):
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            out.add((p.name, st.st_size, st.st_mtime_ns))
+    return frozenset(out)
 
 
 def forget_compiled(plan: ProviderPlan, models: Sequence[Path]) -> bool:
@@ -947,7 +950,8 @@ _SOURCE = "source.json"  # in each kept entry: the model it was made from, and i
 
 
 def _source(model: Path) -> str:
-    return json.dumps({"model": str(model.resolve()), "files": _files_stamp(model)})
+    model = model.resolve()
+    return json.dumps({"model": str(model), "files": _files_stamp(model), "host": platform.node()})
 
 
 def kept_folder(root: Path, kind: str, model: Path) -> Path:
@@ -971,42 +975,61 @@ def kept_folder(root: Path, kind: str, model: Path) -> Path:
 #: a staging folder this old was left by a loader that died
 _STALE_STAGING_S = 24 * 3600
 _STAGING = re.compile(r"\.staging-[0-9a-f]{32}")  # ours only: never another program's file
+_KEY = re.compile(r"[0-9a-f]{32}")
+#: the files a load writes in an entry: ONNX Runtime's graph, OpenVINO's compiled models, the
+#: canary's references (and their half-written forms)
+_KEPT_FILE = re.compile(
+    r"model\.onnx|model\.data|stamp|source\.json|[0-9a-f]+\.blob"
+    r"|canary-[0-9a-f]{32}\.npy|\.canary-[0-9a-f]{32}\.npy\.[0-9a-f]{32}"
+)
 
 
 def prune_kept(root: Path) -> list[Path]:
-    """Remove from the start-up cache ``root`` the entries of models whose files have changed
-    or are gone (no later load can use them: a changed file gets another key), and staging
-    folders a crashed loader left. Entries of models still on disk stay, whatever runtime or
-    CPU wrote them (a cache shared between machines or environments does not thrash).
-    Returns what was removed."""
+    """Remove from the start-up cache ``root`` what this machine kept for model files that
+    have since changed or gone (no later load can use it: a changed file gets another key),
+    and staging folders a crashed loader left a day ago. Only what the cache wrote goes: an
+    entry is a folder named by its 32-hex key holding this machine's ``source.json``, and of
+    it only the files a load writes are removed (the folder stays if anything else is in it);
+    symbolic links are never followed. Entries written on another machine are left to it (a
+    cache shared between machines whose model paths differ does not thrash), and so are those
+    of files still on disk, whatever runtime or CPU wrote them. Returns what was removed."""
     removed = []
     now = time.time()
+    host = platform.node()
     for base in (root, root / "openvino", root / "canary"):
+        if base != root and base.is_symlink():
+            continue
         try:
             entries = list(base.iterdir())
         except OSError:
             continue
         for entry in entries:
             try:
+                if entry.is_symlink() or not entry.is_dir():
+                    continue
                 if _STAGING.fullmatch(entry.name):
-                    stale = now - entry.stat().st_mtime > _STALE_STAGING_S
-                elif base.name == "openvino" and entry.suffix == ".blob":
-                    stale = True  # an earlier release's layout: one folder for all models
-                elif entry.is_dir() and (entry / _SOURCE).is_file():
-                    source = jsonio.read(entry / _SOURCE)
-                    model = Path(source["model"])
-                    stale = not model.is_file() or _files_stamp(model) != source["files"]
-                else:
-                    continue  # ours to keep, or not ours
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-            if stale:
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(entry)
+                    if now - entry.stat().st_mtime > _STALE_STAGING_S:
+                        shutil.rmtree(entry, ignore_errors=True)
+                        removed.append(entry)
+                    continue
+                if not _KEY.fullmatch(entry.name):
+                    continue
+                source = jsonio.read(entry / _SOURCE)
+                if source.get("host", host) != host:
+                    continue
+                model = Path(source["model"])
+                if model.is_file() and _files_stamp(model) == source["files"]:
+                    continue
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not ours, or unreadable: left alone
+            for f in entry.iterdir():
+                if _KEPT_FILE.fullmatch(f.name) and f.is_file() and not f.is_symlink():
+                    f.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                entry.rmdir()  # only if nothing else is in it
+            removed.append(entry)
     if removed:
-        log.info(
-            "start-up cache %s: removed %d entries of changed or deleted models", root, len(removed)
-        )
+        log.info("start-up cache %s: removed %d entries of gone models", root, len(removed))
     return removed
 
 

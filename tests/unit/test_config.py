@@ -102,10 +102,6 @@ def test_defaults_and_extra_keys() -> None:
         ({"model": {"path": "m"}, "tensorrt": []}, "tensorrt"),
         ({"model": {"path": "m"}, "openvino": {"precision": "int4"}}, "openvino.precision"),
         ({"model": {"path": "m"}, "openvino": {"device": "CPU; rm"}}, "openvino.device"),
-        (  # a forced OpenVINO precision on a backend that never runs OpenVINO
-            {"model": {"path": "m"}, "backend": "cpu", "openvino": {"precision": "bf16"}},
-            "openvino.precision",
-        ),
         ({"model": {"path": "m"}, "canary_min_cosine": 1.5}, "canary_min_cosine"),
         ({"model": {"path": "m"}, "canary_min_cosine": "0.9"}, "canary_min_cosine"),
         ({"model": {"path": "m"}, "unknown": 1}, "unknown"),

@@ -258,3 +258,27 @@ def test_the_environment_pins_what_auto_means(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("THEMIS_CLIP_BACKEND", "gpu")
     with pytest.raises(ConfigError, match="THEMIS_CLIP_BACKEND='gpu' names no backend"):
         auto_backend()
+
+
+def test_a_forced_openvino_precision_is_never_ignored_quietly(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A forced ``openvino.precision`` with a backend that never runs OpenVINO fails the load
+    with both named, whichever way the backend was chosen (config, ``initialize``'s argument);
+    it is checked on the backend that is used, so a flag that overrides a config's backend
+    can settle it. Where ``THEMIS_CLIP_BACKEND`` pins what auto means, it is a warning."""
+    forced = OpenVINOConfig(precision=InferencePrecision.BF16)
+    model = ModelConfig(path=str(tiny_model_dir))
+    expected = "forces OpenVINO's precision (bf16), which the cpu backend does not use"
+    plugin = OnnxClipPlugin()
+    in_config = PluginConfig(model=model, backend=BackendType.CPU, openvino=forced)
+    assert not plugin.initialize(in_config)
+    assert expected in (plugin.last_error or "")
+    assert not plugin.initialize(PluginConfig(model=model, openvino=forced), BackendType.CPU)
+    assert expected in (plugin.last_error or "")
+    monkeypatch.setenv("THEMIS_CLIP_BACKEND", "cpu")
+    with caplog.at_level("WARNING", logger="themis_clip.loading"):
+        assert plugin.initialize(PluginConfig(model=model, openvino=forced)), plugin.last_error
+    assert expected in caplog.text and "THEMIS_CLIP_BACKEND=cpu pins what auto means" in caplog.text
+    assert plugin.get_backend() is BackendType.CPU
+    plugin.shutdown()

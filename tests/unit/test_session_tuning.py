@@ -140,10 +140,12 @@ def test_cache_key_follows_the_model_files(tiny_model_dir: Path, tmp_path: Path)
 def test_the_cache_forgets_models_that_changed_or_went(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """When an entry is written, the entries of models whose files are gone go; an entry of a
-    model still on disk stays, whatever runtime or CPU wrote it (a cache shared between
-    environments or machines must not thrash); a staging folder a crashed loader left a day
-    ago goes, a fresh one (a loader writing now) stays."""
+    """When an entry is written, this machine's entries of models whose files are gone go; an
+    entry of a model still on disk stays, whatever runtime or CPU wrote it, and so does one
+    another machine wrote (a cache shared between environments or machines must not thrash); a
+    staging folder a crashed loader left a day ago goes, a fresh one (a loader writing now)
+    stays. Nothing the cache did not write is ever removed: not a folder of another name, not
+    a file put into an entry, not what a symbolic link points to."""
     cache = tmp_path / "cache"
     gone, kept, other = (tmp_path / name for name in ("gone", "kept", "other"))
     for model in (gone, kept, other):
@@ -151,16 +153,32 @@ def test_the_cache_forgets_models_that_changed_or_went(
     load(gone, optimized_model_cache_dir=str(cache))
     load(kept, optimized_model_cache_dir=str(cache))
 
-    def owners() -> list[str]:
-        return sorted(
-            Path(json.loads((e / "source.json").read_text())["model"]).parent.name
+    def entries() -> dict[Path, dict[str, str]]:
+        return {
+            e: json.loads((e / "source.json").read_text())
             for e in cache.iterdir()
-            if not e.name.startswith(".")
-        )
+            if (e / "source.json").is_file()
+        }
+
+    def owners() -> list[str]:
+        return sorted(Path(source["model"]).parent.name for source in entries().values())
 
     assert owners() == ["gone", "gone", "kept", "kept"]
-    kept_entry = next(e for e in cache.iterdir() if "kept" in (e / "source.json").read_text())
+    kept_entry = next(e for e, source in entries().items() if "kept" in source["model"])
     shutil.copytree(kept_entry, cache / ("f" * 32))  # another runtime's entry for kept's files
+    gone_entry, gone_source = next((e, s) for e, s in entries().items() if "gone" in s["model"])
+    (gone_entry / "notes.txt").write_text("a file of the user's, put into an entry")
+    elsewhere = cache / ("e" * 32)  # another machine's entry of a model not on this one
+    shutil.copytree(gone_entry, elsewhere)
+    (elsewhere / "source.json").write_text(json.dumps({**gone_source, "host": "elsewhere"}))
+    mine = cache / "my-project"  # the user's folder, a look-alike of an entry
+    mine.mkdir()
+    (mine / "source.json").write_text(json.dumps(gone_source))
+    (mine / "model.onnx").write_text("the user's")
+    outside = tmp_path / "outside"  # a symlinked kind folder: never followed
+    (outside / ("d" * 32)).mkdir(parents=True)
+    (outside / ("d" * 32) / "source.json").write_text(json.dumps(gone_source))
+    (cache / "canary").symlink_to(outside)
     crashed, writing = cache / f".staging-{'a' * 32}", cache / f".staging-{'b' * 32}"
     foreign_staging = cache / ".staging-notes"  # not a name of ours: never touched
     for folder in (crashed, writing, foreign_staging):
@@ -170,9 +188,12 @@ def test_the_cache_forgets_models_that_changed_or_went(
     os.utime(foreign_staging, (day_ago, day_ago))
     shutil.rmtree(gone)
     load(kept, optimized_model_cache_dir=str(cache))  # all hits: nothing written, nothing pruned
-    assert owners() == ["gone", "gone", "kept", "kept", "kept"]
+    assert owners() == ["gone", "gone", "gone", "gone", "kept", "kept", "kept"]
     load(other, optimized_model_cache_dir=str(cache))
-    assert owners() == ["kept", "kept", "kept", "other", "other"]
+    assert owners() == ["gone", "gone", "kept", "kept", "kept", "other", "other"]
+    assert elsewhere.is_dir() and (mine / "model.onnx").read_text() == "the user's"
+    assert sorted(p.name for p in gone_entry.iterdir()) == ["notes.txt"]  # ours went, not theirs
+    assert (outside / ("d" * 32) / "source.json").is_file()
     assert writing.is_dir() and foreign_staging.is_dir() and not crashed.exists()
     states = load(kept, optimized_model_cache_dir=str(cache)).get_statistics()
     assert set(states["optimized_model_cache"].values()) == {"hit"}
