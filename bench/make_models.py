@@ -134,6 +134,10 @@ def ensure_exported(name: str) -> Path:
 
 
 if __name__ == "__main__":
+    names = [*SPECS, *HF_SIZES, "hf-vit-b-32-demo-tokenizer"]
+    unknown = [a for a in sys.argv[1:] if a not in names]
+    if unknown:
+        sys.exit(f"unknown model {', '.join(unknown)}; one of: {', '.join(names)}")
     for arg in sys.argv[1:] or ["vit-b-32"]:
         if arg == "hf-vit-b-32-demo-tokenizer":
             print(ensure_demo_tokenized(arg))
