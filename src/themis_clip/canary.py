@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import uuid
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip import jsonio
 from themis_clip.demo.scenes import Scene, render_scene
 from themis_clip.engine import TextualTower, VisualTower, l2_normalize
 from themis_clip.preprocess.image import ImagePreprocessor
@@ -35,11 +37,13 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CanaryResult",
     "Reference",
+    "Verdict",
     "cached_reference",
     "golden_pixels",
     "golden_rows",
     "min_cosine",
     "probe",
+    "verdict",
 ]
 
 #: the golden images: distinct shapes, colours and places, drawn the same on every machine
@@ -157,3 +161,39 @@ def cached_reference(
         return out
 
     return reference
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A provider's refusal by the canary, kept beside the references (``refused-<key>.json``):
+    the same file compiled by the same runtime on the same CPU gives the same figure, so a load
+    that reads one below its floor refuses the provider at once instead of compiling and
+    probing it again on every start. A higher floor than the one it failed still refuses; a
+    lower one lets the canary run again."""
+
+    path: Path
+
+    def read(self) -> float | None:
+        """The smallest cosine kept, or None (none kept, or unreadable)."""
+        try:
+            cos = jsonio.read(self.path)["min_cosine"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return float(cos) if isinstance(cos, int | float) else None
+
+    def write(self, min_cosine: float) -> None:
+        staging = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}")
+        try:
+            staging.write_text(json.dumps({"min_cosine": min_cosine}))
+            os.replace(staging, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                staging.unlink(missing_ok=True)
+            log.warning("canary refusal not kept in %s: %s", self.path.parent, exc)
+
+
+def verdict(folder: Path, *parts: str) -> Verdict:
+    """The verdict kept in ``folder`` (the model file's canary folder) for a provider, named by
+    ``parts`` (its plan and the runtime's version)."""
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    return Verdict(folder / f"refused-{key}.json")

@@ -105,7 +105,9 @@ class JSONReader:
 
     def path(self, key: str, *, required: bool = False, name_ok: bool = False) -> str | None:
         value: str | None = self.get(key, str)
-        if value is None or not value.strip():
+        if value is not None and not value.strip():  # said, not taken for null
+            raise ConfigError("is an empty path (use null for none)", key=self._key(key))
+        if value is None:
             if required:
                 raise ConfigError("is required", key=self._key(key))
             return None

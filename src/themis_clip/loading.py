@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from themis_clip._version import __version__
 from themis_clip.budget import PixelBudget
-from themis_clip.canary import cached_reference, probe
+from themis_clip.canary import cached_reference, probe, verdict
 from themis_clip.config import PluginConfig
 from themis_clip.engine import ClipModel, TextualTower, VisualTower
 from themis_clip.errors import (
@@ -163,6 +164,16 @@ def load_model(
                 folder = kept_folder(Path(settings.optimized_cache_dir), "canary", path)
             except OSError as exc:
                 log.warning("canary references not kept: %s", exc)
+        fresh_session = tower.session.optimized_cache != "hit"
+        kept = None
+        if folder is not None and plan.backend is BackendType.OPENVINO:
+            kept = verdict(folder, repr(plan), _openvino_version(), __version__)
+            earlier = kept.read()
+            if earlier is not None and earlier < floor:  # no compile again on every start
+                raise CanaryFailedError(
+                    _refusal(plan, tower, earlier, floor)
+                    + f" (measured on a fresh compile at an earlier load; kept in {kept.path})"
+                )
         if folder is not None:
             key = model_file_key(path, "canary")
             result = probe(tower, cached_reference(folder, key, embed_alone), floor, preprocessor)
@@ -172,18 +183,18 @@ def load_model(
         else:
             result = probe(tower, embed_alone, floor, preprocessor)
         log.info(
-            "canary %s %s: min cosine %.6f to cpu f32 (floor %g)",
+            "canary %s %s: min cosine %.10g to cpu f32 (floor %.10g)",
             plan.describe(),
             result.tower,
             result.min_cosine,
             result.floor,
         )
         if not result.passed:
+            if kept is not None and fresh_session:  # the provider's own figure: kept
+                kept.write(result.min_cosine)
             raise CanaryFailedError(
-                f"{plan.describe()} refused by the canary: {result.tower} tower's min cosine "
-                f"to cpu f32 is {result.min_cosine:.6f}, below canary_min_cosine "
-                f"{result.floor:g}",
-                kept=path if tower.session.optimized_cache == "hit" else None,
+                _refusal(plan, tower, result.min_cosine, floor),
+                kept=None if fresh_session else path,
             )
         return result.min_cosine
 
@@ -191,6 +202,7 @@ def load_model(
     failures: list[str] = []
     refused: list[str] = []
     queue = list(plans)
+    recompiled: list[tuple[ProviderPlan, Path]] = []
     while queue:
         plan = queue.pop(0)
         sessions: list[ORTSession] = []
@@ -221,12 +233,16 @@ def load_model(
             if (
                 isinstance(exc, CanaryFailedError)
                 and exc.kept
+                and (plan, exc.kept) not in recompiled  # once per file: never a loop
                 and forget_compiled(plan, [exc.kept])
             ):
+                recompiled.append((plan, exc.kept))
                 queue.insert(0, plan)  # once more, compiled afresh: a kept file may be damaged
                 continue
             failures.append(str(exc))
-            if isinstance(exc, CanaryFailedError):
+            if isinstance(exc, CanaryFailedError) or (
+                forced is not InferencePrecision.AUTO and plan.backend is BackendType.OPENVINO
+            ):  # a refusal, or the precision the user forced cannot run: said, not only logged
                 refused.append(str(exc))
             log.warning("backend %s unusable: %s", plan.describe(), exc)
             continue
@@ -267,6 +283,25 @@ def load_model(
     )
     model.loading_note = note
     return model
+
+
+def _openvino_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openvino")
+    except PackageNotFoundError:
+        return ""
+
+
+def _refusal(
+    plan: ProviderPlan, tower: VisualTower | TextualTower, cosine: float, floor: float
+) -> str:
+    name = "visual" if isinstance(tower, VisualTower) else "textual"
+    return (
+        f"{plan.describe()} refused by the canary: {name} tower's min cosine to cpu f32 is "
+        f"{cosine:.10g}, below canary_min_cosine {floor:.10g}"
+    )
 
 
 class CanaryFailedError(BackendUnavailableError):

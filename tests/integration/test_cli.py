@@ -92,6 +92,7 @@ def test_info_and_health(tiny_model_dir: Path) -> None:
     health = run("health", "--model", str(tiny_model_dir), "--openvino-precision", "f32")
     assert health.returncode == 0 and json.loads(health.stdout)["healthy"] is True
     assert json.loads(health.stdout)["precision"] == "f32"
+    assert json.loads(health.stdout)["precision_variant"] == data["model"]["precision_variant"]
     ignored = run(
         "info", "--model", str(tiny_model_dir), "--backend", "cpu", "--openvino-precision", "bf16"
     )

@@ -110,6 +110,7 @@ def test_an_unknown_model_is_a_404_in_openais_shape(
         stats = plugin.get_statistics()
         assert (card["backend"], card["precision"]) == (stats["backend"], stats["precision"])
         assert card["precision"] in ("f32", "bf16", "f16")
+        assert card["precision_variant"] == stats["precision_variant"] == "fp32"
 
 
 def test_language_codes(http: httpx.Client) -> None:

@@ -10,6 +10,8 @@ canary and the checks here; the kernels themselves are the CPU's.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -327,6 +329,9 @@ def test_a_damaged_kept_openvino_model_is_compiled_again(tmp_path: Path) -> None
     assert set(load()["optimized_model_cache"].values()) == {"hit"}
     rng = np.random.default_rng(0)
     damaged = set()
+    for folder in cache.glob("openvino/*/"):
+        (folder / "notes.txt").write_text("the user's")
+        (folder / "mine").mkdir()
     for blob in cache.glob("openvino/*/*.blob"):
         data = bytearray(blob.read_bytes())
         for at in range(len(data) // 2, len(data) * 3 // 4, 4096):  # weights, not the header
@@ -342,6 +347,93 @@ def test_a_damaged_kept_openvino_model_is_compiled_again(tmp_path: Path) -> None
     blobs = list(cache.glob("openvino/*/*.blob"))
     assert len(blobs) == 2 and not damaged & {b.read_bytes() for b in blobs}
     assert set(load()["optimized_model_cache"].values()) == {"hit"}
+    # only the compiled models went: what else is in the folder stays
+    assert len(list(cache.glob("openvino/*/notes.txt"))) == len(list(cache.glob("openvino/*/mine")))
+    assert len(list(cache.glob("openvino/*/notes.txt"))) == 2
+
+
+@needs_openvino
+def test_a_refusal_is_kept_and_a_kept_model_is_compiled_again_only_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A provider the canary refuses on a fresh compile is refused at once on the next start
+    (kept beside the references), not compiled and probed again each time; a lower floor runs
+    the canary again. A kept model that fails is compiled again once per file, never in a loop,
+    even where its file cannot be removed (a read-only cache)."""
+    cache = tmp_path / "cache"
+
+    def config(floor: float) -> PluginConfig:
+        return PluginConfig(
+            model=ModelConfig(path=str(demo_model_path())),
+            session=SessionConfig(optimized_model_cache_dir=str(cache)),
+            openvino=OpenVINOConfig(precision=InferencePrecision.F32),
+            canary_min_cosine=floor,
+        )
+
+    def load(floor: float) -> tuple[bool, str]:
+        plugin = OnnxClipPlugin()
+        try:
+            return plugin.initialize(config(floor), BackendType.OPENVINO), plugin.last_error or ""
+        finally:
+            plugin.shutdown()
+
+    assert load(0.9999)[0]  # compiled and kept; its references too
+    ok, error = load(1.0)  # a kept model, refused: compiled again once, refused again
+    if ok:
+        pytest.skip("OpenVINO's f32 matched the CPU's bit for bit here: no refusal to keep")
+    assert "refused by the canary" in error and "earlier load" not in error
+    assert re.search(r"cosine to cpu f32 is 0\.9{6,}\d*, below canary_min_cosine 1\b", error)
+    assert len(list(cache.glob("canary/*/refused-*.json"))) == 1
+    blobs = {b: b.stat().st_mtime_ns for b in cache.glob("openvino/*/*.blob")}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ok, error = load(1.0)
+    assert not ok and "measured on a fresh compile at an earlier load" in error
+    assert "compiling" not in caplog.text  # refused at once: the kept model stays
+    assert {b: b.stat().st_mtime_ns for b in cache.glob("openvino/*/*.blob")} == blobs
+    assert load(0.9999)[0]  # a lower floor: the canary runs again, and passes
+
+    # a kept model whose files cannot go (read-only): one try, then refused, no loop
+    for kept in cache.glob("canary/*/refused-*.json"):
+        kept.unlink()
+    tries = []
+
+    def cannot_remove(plan: Any, models: Any) -> bool:
+        tries.append(models)
+        return True  # "removed": the next compile takes the same kept file again
+
+    monkeypatch.setattr("themis_clip.loading.forget_compiled", cannot_remove)
+    ok, error = load(1.0)
+    assert not ok and "refused by the canary" in error
+    assert len(tries) == 1
+
+
+@needs_openvino
+def test_a_symlinked_entry_is_not_written_through(tmp_path: Path) -> None:
+    """An entry folder replaced by a symbolic link (to anywhere) is not used: nothing is written
+    where it points, and the load goes on without keeping the compiled model."""
+    cache = tmp_path / "cache"
+    config = PluginConfig(
+        model=ModelConfig(path=str(demo_model_path())),
+        session=SessionConfig(optimized_model_cache_dir=str(cache)),
+        openvino=OpenVINOConfig(precision=InferencePrecision.F32),
+    )
+    plugin = OnnxClipPlugin()
+    assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+    plugin.shutdown()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    for folder in cache.glob("openvino/*/"):
+        shutil.rmtree(folder)
+        folder.symlink_to(precious, target_is_directory=True)
+    plugin = OnnxClipPlugin()
+    try:
+        assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+        states = plugin.get_statistics()["optimized_model_cache"]
+    finally:
+        plugin.shutdown()
+    assert list(precious.iterdir()) == []
+    assert all(state.endswith("is a symbolic link; not used") for state in states.values())
 
 
 @needs_openvino
@@ -363,5 +455,10 @@ def test_a_precision_the_cpu_lacks_is_refused_not_misreported() -> None:
         else:
             assert not plugin.initialize(config, BackendType.OPENVINO)
             assert "cannot compute in f16" in (plugin.last_error or "")
+            # under auto the load goes on on the CPU, and says why OpenVINO was not used
+            assert plugin.initialize(config, BackendType.AUTO), plugin.last_error
+            stats = plugin.get_statistics()
+            assert stats["backend"] == "cpu"
+            assert any("cannot compute in f16" in r for r in stats["canary"]["refused"])
     finally:
         plugin.shutdown()

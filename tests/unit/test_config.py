@@ -100,6 +100,11 @@ def test_defaults_and_extra_keys() -> None:
         ({"model": {"path": "m"}, "session": {"run_timeout_s": 0}}, "session.run_timeout_s"),
         ({"model": {"path": "m"}, "session": {"run_timeout_s": "9"}}, "session.run_timeout_s"),
         ({"model": {"path": "m"}, "tensorrt": []}, "tensorrt"),
+        (  # an empty path is said, not taken for null (null turns the cache off)
+            {"model": {"path": "m"}, "session": {"optimized_model_cache_dir": " "}},
+            "session.optimized_model_cache_dir",
+        ),
+        ({"model": {"path": ""}}, "model.path"),
         ({"model": {"path": "m"}, "openvino": {"precision": "int4"}}, "openvino.precision"),
         ({"model": {"path": "m"}, "openvino": {"device": "CPU; rm"}}, "openvino.device"),
         ({"model": {"path": "m"}, "canary_min_cosine": 1.5}, "canary_min_cosine"),

@@ -183,8 +183,13 @@ def test_the_cache_forgets_models_that_changed_or_went(
     foreign_staging = cache / ".staging-notes"  # not a name of ours: never touched
     for folder in (crashed, writing, foreign_staging):
         folder.mkdir()
+    (crashed / "model.onnx").write_text("half an entry")
+    lookalike = cache / f".staging-{'c' * 32}"  # our name, the user's files in it
+    (lookalike / "mine").mkdir(parents=True)
+    (lookalike / "mine" / "x.txt").write_text("the user's")
     day_ago = time.time() - 25 * 3600
-    os.utime(crashed, (day_ago, day_ago))
+    for folder in (crashed, lookalike):
+        os.utime(folder, (day_ago, day_ago))
     os.utime(foreign_staging, (day_ago, day_ago))
     shutil.rmtree(gone)
     load(kept, optimized_model_cache_dir=str(cache))  # all hits: nothing written, nothing pruned
@@ -195,6 +200,7 @@ def test_the_cache_forgets_models_that_changed_or_went(
     assert sorted(p.name for p in gone_entry.iterdir()) == ["notes.txt"]  # ours went, not theirs
     assert (outside / ("d" * 32) / "source.json").is_file()
     assert writing.is_dir() and foreign_staging.is_dir() and not crashed.exists()
+    assert (lookalike / "mine" / "x.txt").read_text() == "the user's"  # only our files go
     states = load(kept, optimized_model_cache_dir=str(cache)).get_statistics()
     assert set(states["optimized_model_cache"].values()) == {"hit"}
 
@@ -249,20 +255,25 @@ def test_cache_is_not_used_with_memory_mapped_loading(tiny_model_dir: Path, tmp_
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("same_time", [False, True], ids=["new-mtime", "mtime-restored"])
 def test_an_entry_changed_in_place_to_the_same_size_is_rebuilt(
-    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tiny_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, same_time: bool
 ) -> None:
     """Weights overwritten in place load fine and give other vectors: the entry's stamp (size,
-    mtime, inode of its files as written) tells, and the entry is rebuilt."""
+    mtime, inode and CRC-32 of its files as written) tells, and the entry is rebuilt, also
+    when the damage kept the file's time (bit rot, a restore that keeps timestamps)."""
     cache = tmp_path / "cache"
     plain = embed(load(tiny_model_dir))
     load(tiny_model_dir, optimized_model_cache_dir=str(cache))
     for entry in cache.iterdir():
         weights = entry / "model.data" if (entry / "model.data").is_file() else entry / "model.onnx"
+        st = weights.stat()
         data = bytearray(weights.read_bytes())
         middle = len(data) // 2
         data[middle : middle + 64] = bytes(64)  # the same size, other weights
         weights.write_bytes(bytes(data))
+        if same_time:
+            os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
     with caplog.at_level(logging.WARNING, logger="themis_clip.runtime"):
         p = load(tiny_model_dir, optimized_model_cache_dir=str(cache))
     assert "changed since written" in caplog.text

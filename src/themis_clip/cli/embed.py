@@ -138,6 +138,7 @@ def _cmd_health(args: argparse.Namespace) -> int:
                     "model_id": stats["model_id"],
                     "backend": stats["backend"],
                     "precision": stats["precision"],
+                    "precision_variant": stats["precision_variant"],
                 }
             )
         )

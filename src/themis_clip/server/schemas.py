@@ -253,7 +253,14 @@ class ModelCard(_Strict):
     modalities: list[Literal["image", "text"]]
     image_size: int | None
     backend: str = Field(description="what the session runs on: cpu, cuda, openvino, ...")
-    precision: str | None = Field(description="the weights' precision as run (f32, bf16, ...)")
+    precision: str | None = Field(
+        description="the arithmetic the provider runs the graph's float operations in "
+        "(f32, bf16, f16)"
+    )
+    precision_variant: str | None = Field(
+        description="the exported weights: fp32, fp16, int8 (int8's matrix products run in "
+        "int8 whatever the precision)"
+    )
     source: dict[str, Any] | None = Field(description="catalogue name, repo and commit")
 
 

@@ -109,6 +109,7 @@ def _model_card(state: AppState) -> dict[str, Any]:
         # Where it runs and in what arithmetic (bf16 under OpenVINO on AMX CPUs, else f32).
         "backend": stats["backend"],
         "precision": stats["precision"],
+        "precision_variant": stats["precision_variant"],
         # Served by name (models/hub): its catalogue name, repo, revision and commit.
         "source": hub.describe(plugin.config.model.path) if plugin.config else None,
     }
