@@ -124,7 +124,7 @@ def load_model(
     prepack = (
         config.prepack_weights if config.prepack_weights is not None else mode != LoadingMode.MMAP
     )
-    settings = replace(settings, prepack_weights=prepack)
+    settings = replace(settings, prepack_weights=prepack, model_digest=digest)
     t_path, t_mode, t_note = sources.get("textual", (load_path, mode, None))
     note = note or t_note
     reference = plan_providers(BackendType.CPU, ["CPUExecutionProvider"], settings=settings)[0]
@@ -161,7 +161,9 @@ def load_model(
         folder = None
         if settings.optimized_cache_dir:
             try:
-                folder = kept_folder(Path(settings.optimized_cache_dir), "canary", path)
+                folder = kept_folder(
+                    Path(settings.optimized_cache_dir), "canary", path, settings.model_digest
+                )
             except OSError as exc:
                 log.warning("canary references not kept: %s", exc)
         fresh_session = tower.session.optimized_cache != "hit"
@@ -175,7 +177,7 @@ def load_model(
                     + f" (measured on a fresh compile at an earlier load; kept in {kept.path})"
                 )
         if folder is not None:
-            key = model_file_key(path, "canary")
+            key = model_file_key(path, "canary", settings.model_digest)
             result = probe(tower, cached_reference(folder, key, embed_alone), floor, preprocessor)
             if not result.passed:  # never refuse a provider on a kept reference: a fresh one
                 fresh = cached_reference(folder, key, embed_alone, refresh=True)
@@ -234,7 +236,7 @@ def load_model(
                 isinstance(exc, CanaryFailedError)
                 and exc.kept
                 and (plan, exc.kept) not in recompiled  # once per file: never a loop
-                and forget_compiled(plan, [exc.kept])
+                and forget_compiled(plan, [exc.kept], settings.model_digest)
             ):
                 recompiled.append((plan, exc.kept))
                 queue.insert(0, plan)  # once more, compiled afresh: a kept file may be damaged
@@ -300,7 +302,7 @@ def _refusal(
     name = "visual" if isinstance(tower, VisualTower) else "textual"
     return (
         f"{plan.describe()} refused by the canary: {name} tower's min cosine to cpu f32 is "
-        f"{cosine:.10g}, below canary_min_cosine {floor:.10g}"
+        f"{cosine:.10g}, below canary_min_cosine {floor!r}"
     )
 
 

@@ -173,6 +173,9 @@ class SessionSettings:
     run_timeout_s: float | None = None
     openvino_device: str = "CPU"
     openvino_precision: InferencePrecision = InferencePrecision.AUTO
+    #: the model's identity digest (computed at every load): part of every start-up cache key,
+    #: so a model file rewritten with its size, time and inode kept still gets entries of its own
+    model_digest: str = ""
 
 
 BACKEND_ENV = "THEMIS_CLIP_BACKEND"
@@ -677,7 +680,9 @@ def _openvino_session(
         if "CACHE_DIR" in config:  # each model's compiled models in a folder of their own
             root = Path(config["CACHE_DIR"]).parent
             try:
-                config["CACHE_DIR"] = str(kept_folder(root, "openvino", path))
+                config["CACHE_DIR"] = str(
+                    kept_folder(root, "openvino", path, settings.model_digest)
+                )
             except OSError as exc:
                 unusable = str(exc)
                 log.warning("OpenVINO cache %s unusable: %s", config.pop("CACHE_DIR"), exc)
@@ -750,15 +755,16 @@ def _blobs(config: Mapping[str, str]) -> frozenset[tuple[str, int, int]] | None:
     return frozenset(out)
 
 
-def forget_compiled(plan: ProviderPlan, models: Sequence[Path]) -> bool:
+def forget_compiled(plan: ProviderPlan, models: Sequence[Path], digest: str) -> bool:
     """Remove the compiled models (``*.blob``) OpenVINO kept for ``models`` under ``plan``
-    (True where some went): one that fails its canary may be a damaged file, which OpenVINO
-    would load again on every start; each is compiled again on its next load. Nothing else in
-    the folder is touched, and a folder that is a symbolic link is not used."""
+    (``digest``: ``SessionSettings.model_digest``; True where some went): one that fails its
+    canary may be a damaged file, which OpenVINO would load again on every start; each is
+    compiled again on its next load. Nothing else in the folder is touched, and a folder that
+    is a symbolic link is not used."""
     root = dict(plan.providers[0][1]).get("CACHE_DIR") if plan.providers else None
     if plan.backend is not BackendType.OPENVINO or not root:
         return False
-    folders = [Path(root) / model_file_key(m, "openvino") for m in models]
+    folders = [Path(root) / model_file_key(m, "openvino", digest) for m in models]
     blobs = [b for f in folders if not f.is_symlink() for b in f.glob("*.blob")]
     removed = False
     for blob in blobs:
@@ -868,7 +874,9 @@ class _OptimizedModelCache:
     def __init__(self, root: Path, model: Path, settings: SessionSettings) -> None:
         self.root = root
         self.source = model
-        self.entry = root / model_file_key(model, settings.optimization_level)
+        self.entry = root / model_file_key(
+            model, settings.optimization_level, settings.model_digest
+        )
         self.model = self.entry / "model.onnx"
 
     def stage(self, options: Any) -> Path | None:
@@ -975,13 +983,14 @@ def _source(model: Path) -> str:
     return json.dumps({"model": str(model), "files": _files_stamp(model), "host": platform.node()})
 
 
-def kept_folder(root: Path, kind: str, model: Path) -> Path:
+def kept_folder(root: Path, kind: str, model: Path, *parts: str) -> Path:
     """``root/kind/<key>``, a folder for what is kept about ``model`` (OpenVINO's compiled
     models, the canary's references), made whole with its ``source.json`` so that
     :func:`prune_kept` can tell when the model has changed or gone. Raises ``OSError``."""
-    folder = root / kind / model_file_key(model, kind)
-    if folder.is_symlink():  # never written through: it could point anywhere
-        raise OSError(f"{folder} is a symbolic link; not used")
+    folder = root / kind / model_file_key(model, kind, *parts)
+    for link in (folder.parent, folder):  # never written through: it could point anywhere
+        if link.is_symlink():
+            raise OSError(f"{link} is a symbolic link; not used")
     if not folder.is_dir():
         staging = root / kind / f".staging-{uuid.uuid4().hex}"
         staging.mkdir(parents=True)

@@ -398,7 +398,7 @@ def test_a_refusal_is_kept_and_a_kept_model_is_compiled_again_only_once(
         kept.unlink()
     tries = []
 
-    def cannot_remove(plan: Any, models: Any) -> bool:
+    def cannot_remove(plan: Any, models: Any, digest: str) -> bool:
         tries.append(models)
         return True  # "removed": the next compile takes the same kept file again
 
@@ -410,8 +410,9 @@ def test_a_refusal_is_kept_and_a_kept_model_is_compiled_again_only_once(
 
 @needs_openvino
 def test_a_symlinked_entry_is_not_written_through(tmp_path: Path) -> None:
-    """An entry folder replaced by a symbolic link (to anywhere) is not used: nothing is written
-    where it points, and the load goes on without keeping the compiled model."""
+    """An entry folder, or the ``openvino`` folder, replaced by a symbolic link (to anywhere) is
+    not used: nothing is written where it points, and the load goes on without keeping the
+    compiled model."""
     cache = tmp_path / "cache"
     config = PluginConfig(
         model=ModelConfig(path=str(demo_model_path())),
@@ -434,6 +435,14 @@ def test_a_symlinked_entry_is_not_written_through(tmp_path: Path) -> None:
         plugin.shutdown()
     assert list(precious.iterdir()) == []
     assert all(state.endswith("is a symbolic link; not used") for state in states.values())
+    shutil.rmtree(cache / "openvino")  # the kind's folder a link: not written through either
+    (cache / "openvino").symlink_to(precious, target_is_directory=True)
+    plugin = OnnxClipPlugin()
+    try:
+        assert plugin.initialize(config, BackendType.OPENVINO), plugin.last_error
+    finally:
+        plugin.shutdown()
+    assert list(precious.iterdir()) == []
 
 
 @needs_openvino

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 
 from themis_clip import BackendType, ConfigError, OnnxClipPlugin, PluginConfig, SessionConfig
@@ -279,3 +281,34 @@ def test_an_entry_changed_in_place_to_the_same_size_is_rebuilt(
     assert "changed since written" in caplog.text
     assert set(p.get_statistics()["optimized_model_cache"].values()) == {"written"}
     assert embed(p) == plain
+
+
+def test_a_model_rewritten_with_its_size_and_time_kept_gets_entries_of_its_own(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The cache key holds the model's identity digest (its files' SHA-256 where it has no
+    manifest, computed at every load): other weights under the same name, size, time and
+    inode never load the old weights' entry."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "manifest.json").unlink()
+    cache = str(tmp_path / "cache")
+    before = embed(load(model, optimized_model_cache_dir=cache))
+    visual = model / "visual.onnx"
+    st = visual.stat()
+    proto = onnx.load(str(visual))
+    weights = max(proto.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    weights.CopyFrom(
+        onnx.numpy_helper.from_array(-onnx.numpy_helper.to_array(weights), weights.name)
+    )
+    data = proto.SerializeToString()
+    assert len(data) == st.st_size
+    with open(visual, "r+b") as f:  # in place: the same inode
+        f.write(data)
+    os.utime(visual, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (visual.stat().st_ino, visual.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+    plain = embed(load(model))
+    assert plain[0] != before[0]
+    cached = load(model, optimized_model_cache_dir=cache)
+    assert cached.get_statistics()["optimized_model_cache"]["visual"] == "written"
+    assert embed(cached) == plain
