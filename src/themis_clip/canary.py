@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -148,16 +149,9 @@ def cached_reference(
         except (OSError, ValueError, EOFError):  # none yet, or damaged: compute it
             pass
         out = np.ascontiguousarray(compute(items), dtype=np.float32)
-        staging = folder / f".{path.name}.{uuid.uuid4().hex}"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with open(staging, "wb") as f:
-                np.save(f, out, allow_pickle=False)
-            os.replace(staging, path)  # whole or not at all, for concurrent loaders too
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                staging.unlink(missing_ok=True)
-            log.warning("canary reference not kept in %s: %s", folder, exc)
+        buffer = io.BytesIO()
+        np.save(buffer, out, allow_pickle=False)
+        _keep(path, buffer.getvalue(), "canary reference")
         return out
 
     return reference
@@ -182,14 +176,7 @@ class Verdict:
         return float(cos) if isinstance(cos, int | float) else None
 
     def write(self, min_cosine: float) -> None:
-        staging = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}")
-        try:
-            staging.write_text(json.dumps({"min_cosine": min_cosine}))
-            os.replace(staging, self.path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                staging.unlink(missing_ok=True)
-            log.warning("canary refusal not kept in %s: %s", self.path.parent, exc)
+        _keep(self.path, json.dumps({"min_cosine": min_cosine}).encode(), "canary refusal")
 
 
 def verdict(folder: Path, *parts: str) -> Verdict:
@@ -197,3 +184,17 @@ def verdict(folder: Path, *parts: str) -> Verdict:
     ``parts`` (its plan and the runtime's version)."""
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
     return Verdict(folder / f"refused-{key}.json")
+
+
+def _keep(path: Path, data: bytes, what: str) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a staging file renamed over it, for
+    concurrent loaders too); an unwritable folder only logs."""
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging.write_bytes(data)
+        os.replace(staging, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staging.unlink(missing_ok=True)
+        log.warning("%s not kept in %s: %s", what, path.parent, exc)
