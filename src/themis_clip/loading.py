@@ -51,6 +51,7 @@ from themis_clip.runtime import (
     forget_compiled,
     kept_folder,
     model_file_key,
+    openvino_version,
     plan_providers,
 )
 from themis_clip.vocabulary import InferencePrecision, Layout, LoadingMode, ModelIdentity
@@ -169,7 +170,7 @@ def load_model(
         fresh_session = tower.session.optimized_cache != "hit"
         kept = None
         if folder is not None and plan.backend is BackendType.OPENVINO:
-            kept = verdict(folder, repr(plan), _openvino_version(), __version__)
+            kept = verdict(folder, repr(plan), openvino_version(), __version__)
             earlier = kept.read()
             if earlier is not None and earlier < floor:  # no compile again on every start
                 raise CanaryFailedError(
@@ -185,7 +186,7 @@ def load_model(
         else:
             result = probe(tower, embed_alone, floor, preprocessor)
         log.info(
-            "canary %s %s: min cosine %.10g to cpu f32 (floor %.10g)",
+            "canary %s %s: min cosine %.10g to cpu f32 (floor %r)",
             plan.describe(),
             result.tower,
             result.min_cosine,
@@ -236,7 +237,7 @@ def load_model(
                 isinstance(exc, CanaryFailedError)
                 and exc.kept
                 and (plan, exc.kept) not in recompiled  # once per file: never a loop
-                and forget_compiled(plan, [exc.kept], settings.model_digest)
+                and forget_compiled(plan, exc.kept, settings.model_digest)
             ):
                 recompiled.append((plan, exc.kept))
                 queue.insert(0, plan)  # once more, compiled afresh: a kept file may be damaged
@@ -285,15 +286,6 @@ def load_model(
     )
     model.loading_note = note
     return model
-
-
-def _openvino_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("openvino")
-    except PackageNotFoundError:
-        return ""
 
 
 def _refusal(

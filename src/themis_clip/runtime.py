@@ -78,6 +78,7 @@ __all__ = [
     "kept_folder",
     "model_file_key",
     "openvino_devices",
+    "openvino_version",
     "plan_providers",
     "prune_kept",
     "supported_backends",
@@ -755,19 +756,18 @@ def _blobs(config: Mapping[str, str]) -> frozenset[tuple[str, int, int]] | None:
     return frozenset(out)
 
 
-def forget_compiled(plan: ProviderPlan, models: Sequence[Path], digest: str) -> bool:
-    """Remove the compiled models (``*.blob``) OpenVINO kept for ``models`` under ``plan``
+def forget_compiled(plan: ProviderPlan, model: Path, digest: str) -> bool:
+    """Remove the compiled models (``*.blob``) OpenVINO kept for ``model`` under ``plan``
     (``digest``: ``SessionSettings.model_digest``; True where some went): one that fails its
-    canary may be a damaged file, which OpenVINO would load again on every start; each is
+    canary may be a damaged file, which OpenVINO would load again on every start; it is
     compiled again on its next load. Nothing else in the folder is touched, and a folder that
     is a symbolic link is not used."""
     root = dict(plan.providers[0][1]).get("CACHE_DIR") if plan.providers else None
     if plan.backend is not BackendType.OPENVINO or not root:
         return False
-    folders = [Path(root) / model_file_key(m, "openvino", digest) for m in models]
-    blobs = [b for f in folders if not f.is_symlink() for b in f.glob("*.blob")]
+    folder = Path(root) / model_file_key(model, "openvino", digest)
     removed = False
-    for blob in blobs:
+    for blob in [] if folder.is_symlink() else folder.glob("*.blob"):
         if _KEPT_FILE.fullmatch(blob.name) and blob.is_file() and not blob.is_symlink():
             try:
                 blob.unlink()
@@ -779,9 +779,19 @@ def forget_compiled(plan: ProviderPlan, models: Sequence[Path], digest: str) -> 
         log.warning(
             "a compiled model from the start-up cache failed its canary (it may be damaged): "
             "compiling %s again",
-            ", ".join(m.name for m in models),
+            model.name,
         )
     return removed
+
+
+def openvino_version() -> str:
+    """The installed OpenVINO's version ("" without it), read without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("openvino")
+    except PackageNotFoundError:
+        return ""
 
 
 class _OpenVINOModel:

@@ -382,7 +382,8 @@ def test_a_refusal_is_kept_and_a_kept_model_is_compiled_again_only_once(
     if ok:
         pytest.skip("OpenVINO's f32 matched the CPU's bit for bit here: no refusal to keep")
     assert "refused by the canary" in error and "earlier load" not in error
-    assert re.search(r"cosine to cpu f32 is 0\.9{6,}\d*, below canary_min_cosine 1\b", error)
+    # the figure to 10 digits (6 read 0.99999998 as "1.000000"), the floor exactly
+    assert re.search(r"cosine to cpu f32 is 0\.\d{7,}, below canary_min_cosine 1\.0\b", error)
     assert len(list(cache.glob("canary/*/refused-*.json"))) == 1
     blobs = {b: b.stat().st_mtime_ns for b in cache.glob("openvino/*/*.blob")}
     caplog.clear()
@@ -398,8 +399,8 @@ def test_a_refusal_is_kept_and_a_kept_model_is_compiled_again_only_once(
         kept.unlink()
     tries = []
 
-    def cannot_remove(plan: Any, models: Any, digest: str) -> bool:
-        tries.append(models)
+    def cannot_remove(plan: Any, model: Path, digest: str) -> bool:
+        tries.append(model)
         return True  # "removed": the next compile takes the same kept file again
 
     monkeypatch.setattr("themis_clip.loading.forget_compiled", cannot_remove)
